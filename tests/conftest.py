@@ -1,0 +1,78 @@
+"""Shared fixtures: where the brokers are, and names that do not collide.
+
+Tests that need RabbitMQ (the reference broker at 127.0.0.1:5672) skip with a clear reason when it is not
+reachable, so the suite passes on a laptop without it; CI sets SPARK_AMQP_REQUIRE_RABBITMQ=1 and then an
+unreachable RabbitMQ fails those tests instead. The embedded broker comes from our own pytest plugin
+(`broker.pytest_plugin`, fixture `amqp_broker`), registered through the `pytest11` entry point.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+RABBITMQ_HOST = os.environ.get("SPARK_AMQP_RABBITMQ_HOST", "127.0.0.1")
+RABBITMQ_PORT = int(os.environ.get("SPARK_AMQP_RABBITMQ_PORT", "5672"))
+RABBITMQ_URL = f"amqp://guest:guest@{RABBITMQ_HOST}:{RABBITMQ_PORT}/%2F"
+REQUIRE_RABBITMQ = os.environ.get("SPARK_AMQP_REQUIRE_RABBITMQ") == "1"
+
+_reachable: bool | None = None
+
+
+def rabbitmq_reachable() -> bool:
+    global _reachable
+    if _reachable is None:
+        try:
+            with socket.create_connection((RABBITMQ_HOST, RABBITMQ_PORT), timeout=2):
+                _reachable = True
+        except OSError:
+            _reachable = False
+    return _reachable
+
+
+def require_rabbitmq() -> None:
+    if rabbitmq_reachable():
+        return
+    reason = (f"RabbitMQ is not reachable at {RABBITMQ_HOST}:{RABBITMQ_PORT} "
+              "(start it with `rabbitmq-server -detached`)")
+    if REQUIRE_RABBITMQ:
+        pytest.fail(reason + "; SPARK_AMQP_REQUIRE_RABBITMQ=1 forbids skipping")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def rabbitmq_url() -> str:
+    """The reference RabbitMQ broker's URL (skips, or fails under CI, when it is down)."""
+    require_rabbitmq()
+    return RABBITMQ_URL
+
+
+@pytest.fixture(params=["embedded", "rabbitmq"])
+def broker_url(request) -> str:
+    """Each test using this runs twice: against our embedded broker and against RabbitMQ.
+
+    Equal assertions on both is what makes a test differential.
+    """
+    if request.param == "rabbitmq":
+        require_rabbitmq()
+        return RABBITMQ_URL
+    return request.getfixturevalue("amqp_broker").url
+
+
+@pytest.fixture
+def broker_kind(broker_url) -> str:
+    return "rabbitmq" if broker_url == RABBITMQ_URL else "embedded"
+
+
+@pytest.fixture
+def unique_name(request):
+    """A factory of names unique to this test, so runs against the shared RabbitMQ never collide."""
+    base = request.node.name.split("[")[0][:40]
+
+    def make(prefix: str = "") -> str:
+        return f"{prefix or base}-{uuid.uuid4().hex[:10]}"
+
+    return make
