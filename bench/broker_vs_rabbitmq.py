@@ -1,0 +1,580 @@
+"""Throughput and memory of the embedded broker, measured side by side with RabbitMQ.
+
+What it measures (the benchmark of issue 2):
+
+* publish: with pika, publish ``--messages`` (100,000) messages of ``--size`` (100) bytes to a fresh queue
+  through the default exchange, with publisher confirms and at most ``--window`` (1,000) unconfirmed
+  messages in flight (pika ``SelectConnection``, pipelined; ``multiple=true`` acks are honoured). Timed from
+  the first publish to the last confirm.
+* consume: consume them all from that queue (``basic.qos`` prefetch ``--prefetch`` = 1,000, manual acks,
+  ``basic.ack(multiple=True)`` every ``--ack-every`` = 100 deliveries). Timed from ``basic.consume`` to the
+  last delivery.
+* both against our embedded broker (started as a subprocess, ``python -m broker --port <free port>``, so
+  that it does not share a process or a GIL with the client) and against RabbitMQ (``--rabbitmq-url``,
+  default ``amqp://guest:guest@127.0.0.1:5672/%2F``) in the same run. Each phase is repeated ``--rounds``
+  (3) times, alternating which broker goes first, and the median is reported, together with the ratios
+  ours/RabbitMQ (targets: publish >= 1.2, consume >= 1.5). Ratios are only meaningful against the peer
+  measured in the same run: the machine is shared and noisy.
+* CPU per message, of the client (this process) and of the server process (the broker subprocess; for
+  RabbitMQ the process listening on its port, when it can be found), to show where the time goes.
+* memory (``--memory``, on by default): the embedded broker's resident set size (psutil) with 1,000,000
+  (``--memory-messages``) queued messages of ``--size`` bytes; target under 500 MB. The queue is deleted
+  afterwards. ``--memory-rabbitmq`` measures RabbitMQ's RSS growth the same way, for comparison.
+
+Queues are non-durable, named ``bench-<uuid>``, carry ``x-expires`` (10 min) so that an interrupted run does
+not leave them on the shared RabbitMQ, and are deleted at the end of each round.
+
+Run (from the repository root, RabbitMQ running at 127.0.0.1:5672)::
+
+    python bench/broker_vs_rabbitmq.py                      # full run: 3 rounds + memory
+    python bench/broker_vs_rabbitmq.py --rounds 5 --no-memory
+    python bench/broker_vs_rabbitmq.py --skip-rabbitmq      # embedded broker only (no ratios)
+    python bench/broker_vs_rabbitmq.py --skip-embedded      # RabbitMQ only (checks the client code)
+
+It prints a table, the two ratios, and a final ``README:`` line to paste into the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pika
+import pika.exceptions
+import pika.spec
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+QUEUE_EXPIRES_MS = 600_000
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The two phases, each on its own pika SelectConnection (asynchronous, so confirms are pipelined)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _AsyncClient:
+    """Runs one SelectConnection until ``finish()`` or an error; bounded by a timeout."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url = url
+        self.timeout = timeout
+        self.error: str | None = None
+        self.done = False
+        self.conn: pika.SelectConnection | None = None
+        self.channel = None
+        self._timer = None
+
+    def run(self) -> None:
+        params = pika.URLParameters(self.url)
+        self.conn = pika.SelectConnection(
+            params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_close,
+        )
+        self._timer = self.conn.ioloop.call_later(self.timeout, self._on_timeout)
+        self.conn.ioloop.start()
+        if self.error:
+            raise BenchError(self.error)
+        if not self.done:
+            raise BenchError("connection closed before the phase finished")
+
+    # -- plumbing
+    def _on_open(self, conn):
+        conn.channel(on_open_callback=self._on_channel_open_base)
+
+    def _on_open_error(self, conn, exc):
+        self.error = f"cannot connect to {self.url}: {exc!r}"
+        conn.ioloop.stop()
+
+    def _on_close(self, conn, reason):
+        if not self.done and self.error is None:
+            self.error = f"connection closed: {reason!r}"
+        if self._timer is not None:
+            conn.ioloop.remove_timeout(self._timer)
+            self._timer = None
+        conn.ioloop.stop()
+
+    def _on_timeout(self):
+        self._timer = None
+        self.fail(f"timed out after {self.timeout:.0f} s")
+
+    def _on_channel_open_base(self, channel):
+        self.channel = channel
+        channel.add_on_close_callback(self._on_channel_closed)
+        self.on_channel_open(channel)
+
+    def _on_channel_closed(self, channel, reason):
+        if not self.done and self.error is None:
+            self.error = f"channel closed: {reason!r}"
+            if self.conn.is_open:
+                self.conn.close()
+
+    def fail(self, message: str) -> None:
+        if self.error is None:
+            self.error = message
+        if self.conn.is_open:
+            self.conn.close()
+        else:
+            self.conn.ioloop.stop()
+
+    def finish(self) -> None:
+        self.done = True
+        if self.conn.is_open:
+            self.conn.close()
+
+    def on_channel_open(self, channel):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class Publisher(_AsyncClient):
+    """Publishes ``n`` messages with confirms, at most ``window`` unconfirmed at any time."""
+
+    def __init__(self, url: str, queue: str, n: int, size: int, window: int, timeout: float):
+        super().__init__(url, timeout)
+        self.queue = queue
+        self.n = n
+        self.body = os.urandom(size // 2 + 1).hex()[:size].encode() if size else b""
+        self.window = window
+        self.published = 0
+        self.confirmed = 0  # highest delivery tag acked (one queue: the broker confirms in order)
+        self.t0 = self.t1 = 0.0
+
+    def on_channel_open(self, channel):
+        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_select_ok)
+
+    def _on_select_ok(self, _frame):
+        self.t0 = time.perf_counter()
+        self._pump()
+
+    def _pump(self):
+        publish = self.channel.basic_publish
+        queue = self.queue
+        body = self.body
+        stop = min(self.n, self.confirmed + self.window)
+        while self.published < stop:
+            publish("", queue, body)
+            self.published += 1
+
+    def _on_confirm(self, frame):
+        method = frame.method
+        if not isinstance(method, pika.spec.Basic.Ack):
+            self.fail(f"publish nacked (delivery tag {method.delivery_tag}, multiple={method.multiple})")
+            return
+        if method.delivery_tag > self.confirmed:  # a multiple ack confirms every tag up to its own
+            self.confirmed = method.delivery_tag
+        if self.confirmed >= self.n:
+            self.t1 = time.perf_counter()
+            self.finish()
+            return
+        self._pump()
+
+
+class Consumer(_AsyncClient):
+    """Consumes ``n`` messages, prefetch ``prefetch``, ``basic.ack(multiple)`` every ``ack_every``."""
+
+    def __init__(self, url: str, queue: str, n: int, size: int, prefetch: int, ack_every: int,
+                 timeout: float):
+        super().__init__(url, timeout)
+        self.queue = queue
+        self.n = n
+        self.size = size
+        self.prefetch = prefetch
+        self.ack_every = ack_every
+        self.received = 0
+        self.bad_bodies = 0
+        self.t0 = self.t1 = 0.0
+
+    def on_channel_open(self, channel):
+        channel.basic_qos(prefetch_count=self.prefetch, callback=self._on_qos_ok)
+
+    def _on_qos_ok(self, _frame):
+        self.t0 = time.perf_counter()
+        self.channel.basic_consume(self.queue, self._on_message, auto_ack=False)
+
+    def _on_message(self, channel, method, _properties, body):
+        self.received += 1
+        if len(body) != self.size:
+            self.bad_bodies += 1
+        if self.received % self.ack_every == 0 or self.received == self.n:
+            channel.basic_ack(method.delivery_tag, multiple=True)
+        if self.received == self.n:
+            self.t1 = time.perf_counter()
+            if self.bad_bodies:
+                self.fail(f"{self.bad_bodies} deliveries had a body of the wrong size")
+            else:
+                self.finish()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Brokers
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    process: psutil.Process | None = None  # server process, for CPU time and RSS
+
+    def server_cpu(self) -> float | None:
+        if self.process is None:
+            return None
+        try:
+            procs = [self.process] + self.process.children(recursive=True)
+            return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        except psutil.Error:
+            return None
+
+    def server_rss(self) -> int | None:
+        if self.process is None:
+            return None
+        try:
+            procs = [self.process] + self.process.children(recursive=True)
+            return sum(p.memory_info().rss for p in procs)
+        except psutil.Error:
+            return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, deadline: float, proc: subprocess.Popen | None = None) -> None:
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise BenchError(f"broker exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BenchError(f"nothing accepts connections on {host}:{port}")
+            time.sleep(0.05)
+
+
+def start_embedded(log_path: Path) -> tuple[subprocess.Popen, Target]:
+    port = free_port()
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, time.monotonic() + 30, proc)
+    except BenchError:
+        stop_embedded(proc)
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise BenchError(f"the embedded broker did not start; its log ({log_path}):\n{tail}")
+    return proc, Target("embedded", f"amqp://guest:guest@127.0.0.1:{port}/%2F", psutil.Process(proc.pid))
+
+
+def stop_embedded(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def find_listener(url: str) -> psutil.Process | None:
+    """The process listening on the URL's port (RabbitMQ's beam.smp), when it can be seen."""
+    port = urlparse(url).port or 5672
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return psutil.Process(c.pid)
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Queue management (blocking, outside the timed phases)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def declare_queue(url: str) -> str:
+    name = f"bench-{uuid.uuid4().hex[:12]}"
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        conn.channel().queue_declare(name, arguments={"x-expires": QUEUE_EXPIRES_MS})
+    finally:
+        conn.close()
+    return name
+
+
+def queue_depth(url: str, name: str) -> int:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return conn.channel().queue_declare(name, passive=True).method.message_count
+    finally:
+        conn.close()
+
+
+def delete_queue(url: str, name: str) -> None:
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+    except Exception as exc:  # noqa: BLE001 - best effort cleanup; x-expires is the safety net
+        print(f"  (could not delete {name}: {exc!r})", file=sys.stderr)
+        return
+    try:
+        conn.channel().queue_delete(name)
+    except Exception as exc:  # noqa: BLE001
+        print(f"  (could not delete {name}: {exc!r})", file=sys.stderr)
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    rate: float           # msg/s
+    client_us: float      # client CPU µs per message
+    server_us: float | None
+
+
+@dataclass
+class Results:
+    publish: dict[str, list[Sample]] = field(default_factory=dict)
+    consume: dict[str, list[Sample]] = field(default_factory=dict)
+
+
+def publish_phase(target: Target, queue: str, args, n: int | None = None) -> Sample:
+    n = args.messages if n is None else n
+    pub = Publisher(target.url, queue, n, args.size, args.window, args.timeout)
+    c0, s0 = time.process_time(), target.server_cpu()
+    pub.run()
+    c1, s1 = time.process_time(), target.server_cpu()
+    seconds = pub.t1 - pub.t0
+    return Sample(n / seconds, (c1 - c0) / n * 1e6,
+                  None if s0 is None or s1 is None else (s1 - s0) / n * 1e6)
+
+
+def consume_phase(target: Target, queue: str, args, n: int | None = None) -> Sample:
+    n = args.messages if n is None else n
+    con = Consumer(target.url, queue, n, args.size, args.prefetch, args.ack_every, args.timeout)
+    c0, s0 = time.process_time(), target.server_cpu()
+    con.run()
+    c1, s1 = time.process_time(), target.server_cpu()
+    seconds = con.t1 - con.t0
+    return Sample(n / seconds, (c1 - c0) / n * 1e6,
+                  None if s0 is None or s1 is None else (s1 - s0) / n * 1e6)
+
+
+def one_round(target: Target, args, n: int | None = None) -> tuple[Sample, Sample]:
+    n = args.messages if n is None else n
+    queue = declare_queue(target.url)
+    try:
+        pub = publish_phase(target, queue, args, n)
+        depth = queue_depth(target.url, queue)
+        if depth != n:
+            raise BenchError(f"{target.name}: {depth} messages in {queue} after publishing {n}")
+        con = consume_phase(target, queue, args, n)
+        depth = queue_depth(target.url, queue)
+        if depth != 0:
+            raise BenchError(f"{target.name}: {depth} messages left in {queue} after consuming all")
+    finally:
+        delete_queue(target.url, queue)
+    return pub, con
+
+
+def median_sample(samples: list[Sample]) -> Sample:
+    servers = [s.server_us for s in samples if s.server_us is not None]
+    return Sample(statistics.median(s.rate for s in samples),
+                  statistics.median(s.client_us for s in samples),
+                  statistics.median(servers) if servers else None)
+
+
+def measure_memory(target: Target, args) -> dict:
+    """RSS of the target's server process before, with ``memory_messages`` queued, and after deleting."""
+    n = args.memory_messages
+    before = target.server_rss()
+    queue = declare_queue(target.url)
+    try:
+        t0 = time.perf_counter()
+        # several chunks on fresh connections keep each Publisher's counters small; same pipelining
+        chunk = 250_000
+        done = 0
+        while done < n:
+            k = min(chunk, n - done)
+            Publisher(target.url, queue, k, args.size, args.window, max(args.timeout, 600)).run()
+            done += k
+        seconds = time.perf_counter() - t0
+        depth = queue_depth(target.url, queue)
+        time.sleep(1.0)
+        loaded = max(target.server_rss() or 0, 0)
+    finally:
+        delete_queue(target.url, queue)
+    time.sleep(1.0)
+    after = target.server_rss()
+    return {"messages": n, "depth": depth, "publish_seconds": seconds, "rss_before": before,
+            "rss_loaded": loaded, "rss_after_delete": after}
+
+
+def mb(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 1e6:,.0f} MB"
+
+
+def fmt_us(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:6.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=100_000, help="messages per phase (default 100000)")
+    p.add_argument("--size", type=int, default=100, help="body size in bytes (default 100)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per broker; the median is reported")
+    p.add_argument("--window", type=int, default=1000, help="max unconfirmed publishes (default 1000)")
+    p.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch (default 1000)")
+    p.add_argument("--ack-every", type=int, default=100, help="ack(multiple) every N deliveries")
+    p.add_argument("--warmup", type=int, default=10_000,
+                   help="messages published and consumed once per broker before timing (0: none)")
+    p.add_argument("--rabbitmq-url", default=DEFAULT_RABBITMQ_URL)
+    p.add_argument("--skip-rabbitmq", action="store_true", help="measure the embedded broker only")
+    p.add_argument("--skip-embedded", action="store_true", help="measure RabbitMQ only")
+    p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure the embedded broker's RSS with --memory-messages queued (default on)")
+    p.add_argument("--memory-messages", type=int, default=1_000_000)
+    p.add_argument("--memory-rabbitmq", action="store_true",
+                   help="also measure RabbitMQ's RSS growth with --memory-messages queued")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for one phase")
+    p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    if args.skip_embedded and args.skip_rabbitmq:
+        p.error("nothing to measure")
+
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}, "
+          f"{psutil.cpu_count()} CPUs, pika {pika.__version__}, Python {sys.version.split()[0]}")
+    print(f"{args.messages:,} messages x {args.size} B; publish window {args.window}, "
+          f"prefetch {args.prefetch}, ack multiple every {args.ack_every}; {args.rounds} rounds")
+
+    proc = None
+    targets: list[Target] = []
+    log_path = Path(tempfile.gettempdir()) / f"bench-broker-{os.getpid()}.log"
+    try:
+        if not args.skip_embedded:
+            proc, embedded = start_embedded(log_path)
+            print(f"embedded broker: pid {proc.pid}, {embedded.url} (log {log_path})")
+            targets.append(embedded)
+        if not args.skip_rabbitmq:
+            u = urlparse(args.rabbitmq_url)
+            try:
+                wait_for_port(u.hostname or "127.0.0.1", u.port or 5672, time.monotonic() + 3)
+            except BenchError as exc:
+                raise BenchError(f"RabbitMQ is not reachable ({exc}); start it with "
+                                 "`rabbitmq-server -detached`, or pass --skip-rabbitmq") from None
+            rabbit = Target("rabbitmq", args.rabbitmq_url, find_listener(args.rabbitmq_url))
+            where = f"pid {rabbit.process.pid}" if rabbit.process else "server process not found"
+            print(f"RabbitMQ: {args.rabbitmq_url} ({where})")
+            targets.append(rabbit)
+
+        if args.warmup:
+            for t in targets:
+                one_round(t, args, args.warmup)
+
+        res = Results({t.name: [] for t in targets}, {t.name: [] for t in targets})
+        for r in range(args.rounds):
+            order = targets if r % 2 == 0 else list(reversed(targets))
+            for t in order:
+                pub, con = one_round(t, args)
+                res.publish[t.name].append(pub)
+                res.consume[t.name].append(con)
+                print(f"  round {r + 1} {t.name:9s} publish {pub.rate:9,.0f} msg/s   "
+                      f"consume {con.rate:9,.0f} msg/s")
+
+        print()
+        print(f"median of {args.rounds}    publish msg/s  consume msg/s   CPU µs/msg "
+              "(client pub/con, server pub/con)")
+        med = {t.name: (median_sample(res.publish[t.name]), median_sample(res.consume[t.name]))
+               for t in targets}
+        for name, (pub, con) in med.items():
+            print(f"  {name:14s} {pub.rate:14,.0f} {con.rate:14,.0f}   "
+                  f"{fmt_us(pub.client_us)} {fmt_us(con.client_us)}   "
+                  f"{fmt_us(pub.server_us)} {fmt_us(con.server_us)}")
+
+        out: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                     "loadavg": os.getloadavg(),
+                     "median": {n: {"publish": vars(a), "consume": vars(b)} for n, (a, b) in med.items()},
+                     "rounds": {n: {"publish": [vars(s) for s in res.publish[n]],
+                                    "consume": [vars(s) for s in res.consume[n]]} for n in res.publish}}
+        ratio_text = ""
+        if "embedded" in med and "rabbitmq" in med:
+            pr = med["embedded"][0].rate / med["rabbitmq"][0].rate
+            cr = med["embedded"][1].rate / med["rabbitmq"][1].rate
+            out["ratios"] = {"publish": pr, "consume": cr}
+            print()
+            print(f"ratio ours/RabbitMQ: publish {pr:.2f} (target >= 1.2, "
+                  f"{'met' if pr >= 1.2 else 'NOT met'}), consume {cr:.2f} (target >= 1.5, "
+                  f"{'met' if cr >= 1.5 else 'NOT met'})")
+            ratio_text = f"; ratio ours/RabbitMQ: publish {pr:.2f}, consume {cr:.2f}"
+
+        mem_text = ""
+        if args.memory and not args.skip_embedded:
+            print()
+            print(f"memory: publishing {args.memory_messages:,} x {args.size} B to the embedded broker ...")
+            m = measure_memory(targets[0], args)
+            out["memory"] = m
+            print(f"  embedded broker RSS: {mb(m['rss_before'])} idle, {mb(m['rss_loaded'])} with "
+                  f"{m['depth']:,} queued (target < 500 MB: "
+                  f"{'met' if m['rss_loaded'] < 500e6 else 'NOT met'}), {mb(m['rss_after_delete'])} after "
+                  f"deleting the queue; filled at {m['messages'] / m['publish_seconds']:,.0f} msg/s")
+            mem_text = (f"; RSS with {m['depth']:,} queued {args.size}-byte messages: "
+                        f"{m['rss_loaded'] / 1e6:,.0f} MB")
+        if args.memory_rabbitmq and not args.skip_rabbitmq:
+            rabbit = next(t for t in targets if t.name == "rabbitmq")
+            if rabbit.process is None:
+                print("  RabbitMQ RSS: server process not found")
+            else:
+                m = measure_memory(rabbit, args)
+                out["memory_rabbitmq"] = m
+                print(f"  RabbitMQ RSS: {mb(m['rss_before'])} idle, {mb(m['rss_loaded'])} with "
+                      f"{m['depth']:,} queued (+{mb(m['rss_loaded'] - m['rss_before'])})")
+
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
+
+        print()
+        parts = [f"{n}: publish {a.rate:,.0f} msg/s, consume {b.rate:,.0f} msg/s" for n, (a, b) in med.items()]
+        print(f"README: {args.messages:,} x {args.size} B messages with pika (confirms, window "
+              f"{args.window}; prefetch {args.prefetch}, ack every {args.ack_every}), median of "
+              f"{args.rounds}: " + "; ".join(parts) + ratio_text + mem_text + ".")
+        return 0
+    except (BenchError, pika.exceptions.AMQPError) as exc:
+        print(f"benchmark failed: {exc!r}" if not isinstance(exc, BenchError) else f"benchmark failed: {exc}",
+              file=sys.stderr)
+        return 1
+    finally:
+        if proc is not None:
+            stop_embedded(proc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

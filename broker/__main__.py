@@ -1,0 +1,69 @@
+"""`python -m broker`: run the embedded AMQP 0-9-1 broker standalone, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from .config import BrokerConfig
+from .server import Server
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m broker",
+        description="Run the spark-amqp embedded AMQP 0-9-1 broker (speaks RabbitMQ's protocol).")
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port to listen on (default 5672; 0 = ephemeral)")
+    p.add_argument("--user", action="append", metavar="NAME:PASSWORD",
+                   help="a user allowed to connect (repeatable; default guest:guest)")
+    p.add_argument("--data-dir", default=None,
+                   help="directory for durable state (persistence is not implemented yet)")
+    p.add_argument("--config", default=None, help="TOML file with [broker] settings and [users]")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> BrokerConfig:
+    users = None
+    if args.user:
+        users = {}
+        for spec in args.user:
+            name, sep, password = spec.partition(":")
+            if not sep or not name:
+                raise SystemExit(f"--user expects NAME:PASSWORD, got {spec.split(':')[0]!r}:***")
+            users[name] = password
+    overrides = {"host": args.host, "port": args.port, "users": users, "data_dir": args.data_dir}
+    if args.config:
+        return BrokerConfig.from_toml(args.config, **overrides)
+    values = {k: v for k, v in overrides.items() if v is not None}
+    values.setdefault("port", 5672)
+    return BrokerConfig(**values)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = build_config(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if config.data_dir:
+        print("error: --data-dir: persistence is not implemented yet; run without it", file=sys.stderr)
+        return 2
+    server = Server(config)
+    try:
+        asyncio.run(server.serve_forever())
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"error: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""The sans-I/O AMQP connection: fed bytes, it applies them to the model and queues bytes to send.
+
+Shape (as h11): `receive_data(bytes)` parses frames and acts on them; `data_to_send()` returns what to
+write; `tick(now)` runs heartbeats and the handshake timeout; `connection_lost()` releases what the
+connection held. The I/O layer reads `closed` (close the socket after writing), `reading_paused`
+(memory alarm) and calls `set_paused_writing` when the socket's buffer is full. Nothing here touches
+a socket or a clock of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pamqp import commands as C
+from pamqp import decode as pamqp_decode
+
+from . import limits, replies, state, wire
+from .channel import Channel
+
+log = logging.getLogger("broker.connection")
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
+    "consumer_cancel_notify": True, "connection.blocked": True, "consumer_priorities": False,
+    "authentication_failure_close": True, "per_consumer_qos": True, "direct_reply_to": False,
+}
+
+
+class Connection:
+    def __init__(self, core, peer: str = ""):
+        self.core = core
+        self.peer = peer
+        self.state = state.AWAIT_HEADER
+        self._header_buf = b""
+        self.reader = wire.FrameReader(core.config.frame_max)
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.channels: dict[int, Channel] = {}
+        self.closing_channels: set[int] = set()     # we sent channel.close, awaiting close-ok
+        self.confirm_channels: set[Channel] = set()
+        self.exclusive_queues: set = set()
+        self.user: str | None = None
+        self.vhost = None
+        self.client_properties: dict = {}
+        self.capabilities: dict = {}
+        self.frame_max = core.config.frame_max
+        self.channel_max = core.config.channel_max
+        self.heartbeat = 0
+        now = core.now()
+        self.created = now
+        self.last_recv = now
+        self.last_send = now
+        self.closing_since = None
+        self.closed = False
+        self.paused_writing = False
+        self.has_published = False
+        self.blocked_sent = False
+        self.io = None            # opaque handle of the I/O layer (the asyncio protocol)
+
+    # --- output --------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        self.out.append(data)
+        self.out_bytes += len(data)
+        self.core.dirty.add(self)
+
+    def send_method(self, channel: int, method) -> None:
+        self._write(wire.method_frame(channel, method))
+
+    def write_delivery(self, channel: int, ctag: bytes, tag: int, m) -> None:
+        frame = wire.deliver_frame(channel, ctag, tag, m.redelivered, wire.shortstr(m.exchange),
+                                   wire.shortstr(m.routing_key))
+        parts = wire.content_frames(channel, m.header, m.body, self.frame_max)
+        parts.insert(0, frame)
+        self.out += parts
+        self.out_bytes += len(frame) + len(m.header) + len(m.body) + 16
+        self.core.dirty.add(self)
+
+    def write_content(self, channel: int, m) -> None:
+        for part in wire.content_frames(channel, m.header, m.body, self.frame_max):
+            self._write(part)
+
+    def data_to_send(self) -> bytes:
+        if not self.out:
+            return b""
+        data = b"".join(self.out)
+        self.out = []
+        self.out_bytes = 0
+        self.last_send = self.core.now()
+        return data
+
+    def writable(self) -> bool:
+        return (not self.paused_writing and self.out_bytes < limits.CONNECTION_OUTPUT_HIGH_WATER
+                and self.state is state.OPEN)
+
+    def set_paused_writing(self, paused: bool) -> None:
+        self.paused_writing = paused
+        if not paused:
+            for ch in self.channels.values():
+                for c in ch.consumers.values():
+                    self.core.wants_dispatch(c.queue)
+
+    @property
+    def reading_paused(self) -> bool:
+        """Memory alarm: stop reading from connections that publish, as RabbitMQ blocks them."""
+        return self.core.alarm and self.has_published and not self.closed
+
+    # --- input ---------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        self.last_recv = self.core.now()
+        if self.state is state.AWAIT_HEADER:
+            data = self._receive_protocol_header(data)
+            if not data:
+                return
+        self.reader.feed(data)
+        try:
+            for ftype, channel, payload in self.reader.frames():
+                self._frame(ftype, channel, payload)
+                if self.closed:
+                    break
+        except replies.AMQPError as exc:
+            self._connection_exception(exc)
+        except Exception as exc:  # never let a peer crash the broker
+            log.exception("internal error handling a frame from %s", self.peer)
+            self._connection_exception(replies.connection_error(replies.INTERNAL_ERROR, str(exc)))
+        if self.confirm_channels:
+            for ch in self.confirm_channels:
+                if ch.state == "open":
+                    ch.flush_confirms()
+            self.confirm_channels.clear()
+
+    def _receive_protocol_header(self, data: bytes) -> bytes:
+        buf = self._header_buf + data
+        if len(buf) < 8:
+            if wire.PROTOCOL_HEADER.startswith(buf):
+                self._header_buf = buf
+                return b""
+        head, rest = buf[:8], buf[8:]
+        self._header_buf = b""
+        if head != wire.PROTOCOL_HEADER:
+            # Spec 4.2.2: reply with the header we support, then close the socket.
+            self._write(wire.PROTOCOL_HEADER)
+            self.closed = True
+            return b""
+        self.state = state.AWAIT_START_OK
+        self.send_method(0, C.Connection.Start(
+            version_major=0, version_minor=9,
+            server_properties={
+                "product": "spark-amqp embedded broker", "version": "0.1.0", "platform": "Python",
+                "copyright": "spark-amqp authors", "information": "https://github.com/spark-amqp",
+                "capabilities": SERVER_CAPABILITIES, "cluster_name": "embedded@localhost",
+            },
+            mechanisms="PLAIN AMQPLAIN", locales="en_US"))
+        return rest
+
+    def _frame(self, ftype: int, channel: int, payload: bytes) -> None:
+        if ftype == 1:  # method
+            if channel:
+                ch = self.channels.get(channel)
+                if ch is not None and ch.pending is None:
+                    if wire.method_index(payload) == wire.PUBLISH_ID:
+                        exchange, rk, mandatory, immediate = wire.parse_publish(payload)
+                        try:
+                            ch.start_publish(exchange, rk, mandatory, immediate)
+                        except replies.AMQPError as exc:
+                            self._exception_on(ch, exc)
+                        return
+                    if wire.method_index(payload) == wire.ACK_ID:
+                        tag, multiple = wire.parse_ack(payload)
+                        try:
+                            ch.settle(tag, multiple, "ack")
+                        except replies.AMQPError as exc:
+                            exc.class_id, exc.method_id = 60, 80
+                            self._exception_on(ch, exc)
+                        return
+            self._method(channel, payload)
+        elif ftype == 2:
+            ch = self._content_channel(channel)
+            if ch is None:
+                return
+            if ch.pending is None or ch.pending[3] is not None:
+                raise replies.connection_error(
+                    replies.UNEXPECTED_FRAME, f"expected method frame, got non method frame instead")
+            try:
+                ch.on_header(payload)
+            except replies.AMQPError as exc:
+                self._exception_on(ch, exc)
+        elif ftype == 3:
+            ch = self._content_channel(channel)
+            if ch is None:
+                return
+            if ch.pending is None or ch.pending[3] is None:
+                raise replies.connection_error(
+                    replies.UNEXPECTED_FRAME, f"expected method frame, got non method frame instead")
+            try:
+                ch.on_body(payload)
+            except replies.AMQPError as exc:
+                self._exception_on(ch, exc)
+        elif ftype == 8:
+            if channel:
+                raise replies.connection_error(replies.FRAME_ERROR,
+                                               f"heartbeat frame on channel {channel}")
+        else:
+            raise replies.connection_error(replies.FRAME_ERROR, f"unknown frame type {ftype}")
+
+    def _content_channel(self, channel: int):
+        if self.state is state.CLOSING:
+            return None
+        if channel == 0 or self.state is not state.OPEN:
+            raise replies.connection_error(replies.UNEXPECTED_FRAME,
+                                           f"content frame on channel {channel}")
+        ch = self.channels.get(channel)
+        if ch is None:
+            if channel in self.closing_channels:
+                return None
+            raise replies.connection_error(replies.CHANNEL_ERROR,
+                                           f"expected 'channel.open' on channel {channel}")
+        return ch
+
+    def _method(self, channel: int, payload: bytes) -> None:
+        if len(payload) < 4:
+            raise replies.connection_error(replies.FRAME_ERROR, "method frame too short")
+        method = wire.unmarshal_method(payload)
+        if channel == 0:
+            self._channel0(method)
+            return
+        if self.state is state.CLOSING:
+            return  # spec 4.2.4: after sending connection.close, discard all but close/close-ok
+        if self.state is not state.OPEN:
+            raise replies.connection_error(replies.CHANNEL_ERROR,
+                                           f"unexpected method {method.name} on channel {channel}")
+        ch = self.channels.get(channel)
+        if channel in self.closing_channels:
+            # Spec 1.5.2.5: after channel.close, discard everything but close / close-ok.
+            if isinstance(method, C.Channel.CloseOk):
+                self.closing_channels.discard(channel)
+            elif isinstance(method, C.Channel.Close):
+                self.send_method(channel, C.Channel.CloseOk())
+            return
+        if ch is None:
+            if isinstance(method, C.Channel.Open):
+                self._open_channel(channel)
+                return
+            raise replies.connection_error(replies.CHANNEL_ERROR,
+                                           f"expected 'channel.open' on channel {channel}")
+        if ch.pending is not None:
+            raise replies.connection_error(
+                replies.UNEXPECTED_FRAME,
+                f"expected content header for class 60, got non content header frame instead")
+        if isinstance(method, C.Channel.Close):
+            ch.close()
+            del self.channels[channel]
+            self.send_method(channel, C.Channel.CloseOk())
+            return
+        if isinstance(method, C.Channel.CloseOk):
+            return
+        if method.name.startswith("Connection."):
+            raise replies.connection_error(replies.COMMAND_INVALID, f"{method.name} on channel {channel}")
+        try:
+            ch.handle(method)
+        except replies.AMQPError as exc:
+            if not exc.class_id:
+                exc.class_id, exc.method_id = _ids(method)
+            self._exception_on(ch, exc)
+
+    def _open_channel(self, number: int) -> None:
+        if number > self.channel_max:
+            raise replies.connection_error(
+                replies.NOT_ALLOWED,
+                f"number of channels opened ({len(self.channels) + 1}) has reached the negotiated "
+                f"channel_max ({self.channel_max})")
+        self.channels[number] = Channel(self, number)
+        self.send_method(number, C.Channel.OpenOk())
+
+    def _exception_on(self, ch: Channel, exc: replies.AMQPError) -> None:
+        if exc.hard:
+            raise exc
+        # Spec 1.5.2.5 / 4.2.4: a channel exception closes the channel; the connection lives on.
+        ch.close()
+        self.channels.pop(ch.number, None)
+        self.closing_channels.add(ch.number)
+        self.send_method(ch.number, C.Channel.Close(reply_code=exc.code, reply_text=exc.text,
+                                                    class_id=exc.class_id, method_id=exc.method_id))
+
+    def _connection_exception(self, exc: replies.AMQPError) -> None:
+        if self.state in (state.AWAIT_HEADER,):
+            self.closed = True
+            return
+        if self.state is state.CLOSING:
+            self.closed = True
+            return
+        self._release()
+        self.send_method(0, C.Connection.Close(reply_code=exc.code, reply_text=exc.text,
+                                               class_id=exc.class_id, method_id=exc.method_id))
+        self.state = state.CLOSING
+        self.closing_since = self.core.now()
+
+    # --- channel 0: the connection class -------------------------------------------------------
+
+    def _channel0(self, method) -> None:
+        allowed = state.CHANNEL0_METHODS.get(self.state, ())
+        if method.name not in allowed:
+            if self.state is state.CLOSING:
+                return
+            raise replies.connection_error(
+                replies.COMMAND_INVALID if self.state is state.OPEN else replies.CHANNEL_ERROR,
+                f"unexpected method {method.name} on channel 0 in state {self.state}")
+        getattr(self, "_on_" + method.name.split(".")[1].lower())(method)
+
+    def _on_startok(self, m) -> None:
+        self.client_properties = m.client_properties or {}
+        caps = self.client_properties.get("capabilities") or {}
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        user, password = self._credentials(m.mechanism, m.response)
+        if user is None or self.core.users.get(user) != password:
+            raise replies.connection_error(
+                replies.ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {m.mechanism}. "
+                "For details see the broker logfile.")
+        self.user = user
+        self.state = state.AWAIT_TUNE_OK
+        cfg = self.core.config
+        self.send_method(0, C.Connection.Tune(channel_max=cfg.channel_max, frame_max=cfg.frame_max,
+                                              heartbeat=cfg.heartbeat))
+
+    @staticmethod
+    def _credentials(mechanism: str, response) -> tuple[str | None, str | None]:
+        raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
+        if mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                return None, None
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        if mechanism == "AMQPLAIN":
+            # The response is a field table without its length prefix (RabbitMQ's rabbit_auth_mechanism_amqplain).
+            try:
+                table = pamqp_decode.field_table(len(raw).to_bytes(4, "big") + raw)[1]
+            except Exception:
+                return None, None
+            login, password = table.get("LOGIN"), table.get("PASSWORD")
+            login = login.decode() if isinstance(login, bytes) else login
+            password = password.decode() if isinstance(password, bytes) else password
+            return login, password
+        raise replies.connection_error(replies.COMMAND_INVALID,
+                                       f"unknown authentication mechanism '{mechanism}'")
+
+    def _on_tuneok(self, m) -> None:
+        cfg = self.core.config
+        if m.frame_max and m.frame_max < limits.FRAME_MIN_SIZE:
+            raise replies.connection_error(
+                replies.NOT_ALLOWED, f"frame_max={m.frame_max} < {limits.FRAME_MIN_SIZE} min size")
+        if m.frame_max > cfg.frame_max:
+            raise replies.connection_error(
+                replies.NOT_ALLOWED, f"frame_max={m.frame_max} > {cfg.frame_max} max size")
+        if m.channel_max > cfg.channel_max:
+            raise replies.connection_error(
+                replies.NOT_ALLOWED, f"channel_max={m.channel_max} > {cfg.channel_max} max size")
+        self.frame_max = m.frame_max or cfg.frame_max
+        self.reader.frame_max = self.frame_max
+        self.channel_max = m.channel_max or cfg.channel_max
+        self.heartbeat = m.heartbeat
+        self.state = state.AWAIT_OPEN
+
+    def _on_open(self, m) -> None:
+        vhost = self.core.vhosts.get(m.virtual_host)
+        if vhost is None:
+            raise replies.connection_error(replies.NOT_ALLOWED, f"vhost {m.virtual_host} not found")
+        limit = self.core.config.max_connections
+        if limit is not None and self.core.open_connections() >= limit:
+            raise replies.connection_error(
+                replies.NOT_ALLOWED,
+                f"access to vhost '{m.virtual_host}' refused for user '{self.user}': "
+                f"connection limit ({limit}) is reached")
+        self.vhost = vhost
+        self.state = state.OPEN
+        self.send_method(0, C.Connection.OpenOk())
+        if self.core.alarm and self.capabilities.get("connection.blocked"):
+            self._send_blocked(True)
+
+    def _on_close(self, m) -> None:
+        self._release()
+        self.send_method(0, C.Connection.CloseOk())
+        self.state = state.CLOSED
+        self.closed = True
+
+    def _on_closeok(self, m) -> None:
+        self.state = state.CLOSED
+        self.closed = True
+
+    def _on_blocked(self, m) -> None:
+        pass
+
+    def _on_unblocked(self, m) -> None:
+        pass
+
+    def _on_updatesecret(self, m) -> None:
+        self.send_method(0, C.Connection.UpdateSecretOk())
+
+    # --- alarms, timers, teardown ----------------------------------------------------------------
+
+    def on_alarm(self, active: bool) -> None:
+        if self.state is state.OPEN and self.capabilities.get("connection.blocked"):
+            self._send_blocked(active)
+
+    def _send_blocked(self, active: bool) -> None:
+        if active and not self.blocked_sent:
+            self.send_method(0, C.Connection.Blocked(reason="low on memory"))
+            self.blocked_sent = True
+        elif not active and self.blocked_sent:
+            self.send_method(0, C.Connection.Unblocked())
+            self.blocked_sent = False
+
+    def tick(self, now: float) -> None:
+        """Heartbeats (errata: send when idle for half the interval; a peer silent for two intervals
+        is dead), the handshake timeout, and the close-ok wait."""
+        if self.closed:
+            return
+        if self.state in state.HANDSHAKE_STATES:
+            if now - self.created > limits.HANDSHAKE_TIMEOUT * 1000:
+                self.closed = True
+            return
+        if self.state is state.CLOSING:
+            if now - self.closing_since > 1000:
+                self.closed = True
+            return
+        if self.heartbeat:
+            interval = self.heartbeat * 1000
+            if now - self.last_recv > interval * limits.HEARTBEAT_MISSES_ALLOWED:
+                log.info("closing %s: missed heartbeats from client, timeout: %ss",
+                         self.peer, self.heartbeat)
+                self._release()
+                self.closed = True
+                return
+            if now - self.last_send >= interval / 2:
+                self._write(wire.HEARTBEAT_FRAME)
+
+    def _release(self) -> None:
+        """Give back what this connection holds: unacked deliveries, consumers, exclusive queues."""
+        for ch in list(self.channels.values()):
+            ch.close()
+        self.channels.clear()
+        self.confirm_channels.clear()
+        for q in list(self.exclusive_queues):
+            q.vhost.delete_queue(q)
+        self.exclusive_queues.clear()
+
+    def connection_lost(self) -> None:
+        self._release()
+        self.closed = True
+        self.state = state.CLOSED
+        self.core.connection_closed(self)
+
+
+def _ids(method) -> tuple[int, int]:
+    return method.index >> 16, method.index & 0xFFFF

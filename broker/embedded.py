@@ -1,0 +1,102 @@
+"""`Broker`: the embedded broker in a background thread, for tests, notebooks and the main job."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from .config import BrokerConfig
+from .server import Server
+
+
+class Broker:
+    """A running AMQP 0-9-1 broker on 127.0.0.1 (by default on an ephemeral port).
+
+        with Broker(port=0) as b:
+            b.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
+
+    Keyword arguments are those of `BrokerConfig` (users, heartbeat, frame_max, channel_max,
+    max_message_size, max_connections, memory_high_watermark, ...).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **options):
+        self.config = options.pop("config", None) or BrokerConfig(host=host, port=port, **options)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: Server | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def host(self) -> str:
+        return self.config.host
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the broker is not started")
+        return self._server.port
+
+    @property
+    def url(self) -> str:
+        user, password = next(iter(self.config.users.items()))
+        return f"amqp://{user}:{password}@{self.host}:{self.port}/%2F"
+
+    @property
+    def core(self):
+        """The broker's state, for inspection in tests (read it from the broker's thread only via call())."""
+        return self._server.core
+
+    def call(self, fn, *args):
+        """Run fn(*args) on the broker's event loop thread and return its result."""
+        future = asyncio.run_coroutine_threadsafe(_call(fn, *args), self._loop)
+        return future.result(timeout=10)
+
+    def start(self) -> "Broker":
+        if self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._run, name=f"amqp-broker", daemon=True)
+        self._thread.start()
+        self._started.wait(timeout=10)
+        if self._error is not None:
+            raise self._error
+        if not self._started.is_set():
+            raise RuntimeError("the embedded broker did not start within 10 s")
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        self._server = Server(self.config)
+        try:
+            loop.run_until_complete(self._server.start())
+        except BaseException as exc:  # e.g. the port is taken
+            self._error = exc
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self._server.stop())
+            loop.close()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self) -> "Broker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+async def _call(fn, *args):
+    return fn(*args)

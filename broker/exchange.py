@@ -1,0 +1,205 @@
+"""Exchanges and their routing rules (AMQP 0-9-1 section 3.1.3, the AMQ model's exchange types).
+
+A binding's destination is a Queue or an Exchange (RabbitMQ's exchange-to-exchange bindings). `route`
+returns the destinations one exchange selects; following exchange destinations, alternate exchanges and
+de-duplication is the virtual host's job (`VirtualHost.route`).
+"""
+
+from __future__ import annotations
+
+from . import properties
+
+
+class Exchange:
+    type_name = ""
+
+    def __init__(self, name: str, durable: bool = False, auto_delete: bool = False,
+                 internal: bool = False, arguments: dict | None = None):
+        self.name = name
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments or {})
+        # (destination, routing_key, frozen arguments) -> binding arguments
+        self.bindings: dict[tuple, dict] = {}
+
+    @property
+    def alternate_exchange(self) -> str | None:
+        ae = self.arguments.get("alternate-exchange")
+        return ae if isinstance(ae, str) and ae else None
+
+    def bind(self, dest, routing_key: str, arguments: dict) -> None:
+        key = (dest, routing_key, _freeze(arguments))
+        if key not in self.bindings:
+            self.bindings[key] = arguments
+            self._bound(dest, routing_key, arguments)
+
+    def unbind(self, dest, routing_key: str, arguments: dict) -> bool:
+        key = (dest, routing_key, _freeze(arguments))
+        if self.bindings.pop(key, None) is None:
+            return False
+        self._unbound(dest, routing_key, arguments)
+        return True
+
+    def unbind_destination(self, dest) -> None:
+        for key in [k for k in self.bindings if k[0] is dest]:
+            self.unbind(dest, key[1], self.bindings[key])
+
+    def has_binding(self, dest, routing_key: str, arguments: dict) -> bool:
+        return (dest, routing_key, _freeze(arguments)) in self.bindings
+
+    def _bound(self, dest, routing_key, arguments):
+        pass
+
+    def _unbound(self, dest, routing_key, arguments):
+        pass
+
+    def route(self, routing_key: str, message) -> list:
+        raise NotImplementedError
+
+
+class DirectExchange(Exchange):
+    """Routes to bindings whose key equals the routing key."""
+    type_name = "direct"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._by_key: dict[str, list] = {}
+
+    def _bound(self, dest, routing_key, arguments):
+        dests = self._by_key.setdefault(routing_key, [])
+        if dest not in dests:
+            dests.append(dest)
+
+    def _unbound(self, dest, routing_key, arguments):
+        if any(k[0] is dest and k[1] == routing_key for k in self.bindings):
+            return  # still bound under other arguments
+        dests = self._by_key.get(routing_key)
+        if dests and dest in dests:
+            dests.remove(dest)
+            if not dests:
+                del self._by_key[routing_key]
+
+    def route(self, routing_key, message):
+        return self._by_key.get(routing_key, ())
+
+
+class FanoutExchange(Exchange):
+    """Routes to every binding, ignoring the routing key."""
+    type_name = "fanout"
+
+    def route(self, routing_key, message):
+        seen = []
+        for dest, _, _ in self.bindings:
+            if dest not in seen:
+                seen.append(dest)
+        return seen
+
+
+class TopicExchange(Exchange):
+    """Routing keys are dot-separated words; in binding keys `*` matches one word, `#` zero or more."""
+    type_name = "topic"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cache: dict[str, list] = {}
+
+    def _bound(self, dest, routing_key, arguments):
+        self._cache.clear()
+
+    def _unbound(self, dest, routing_key, arguments):
+        self._cache.clear()
+
+    def route(self, routing_key, message):
+        hit = self._cache.get(routing_key)
+        if hit is not None:
+            return hit
+        words = routing_key.split(".")
+        out = []
+        for dest, binding_key, _ in self.bindings:
+            if dest not in out and topic_matches(binding_key.split("."), words):
+                out.append(dest)
+        if len(self._cache) > 10000:
+            self._cache.clear()
+        self._cache[routing_key] = out
+        return out
+
+
+def topic_matches(pattern: list[str], words: list[str]) -> bool:
+    """RabbitMQ's topic rule: `*` is exactly one word, `#` any number of words (including none)."""
+    # Dynamic programming over (pattern index, word index): no exponential backtracking on many '#'.
+    reachable = {0}
+    for p in pattern:
+        nxt = set()
+        for i in reachable:
+            if p == "#":
+                nxt.update(range(i, len(words) + 1))
+            elif i < len(words) and (p == "*" or p == words[i]):
+                nxt.add(i + 1)
+        if not nxt:
+            return False
+        reachable = nxt
+    return len(words) in reachable
+
+
+class HeadersExchange(Exchange):
+    """Routes on message headers against binding arguments; `x-match` = all (default) or any.
+
+    RabbitMQ also accepts `all-with-x` / `any-with-x`, which compare `x-` prefixed keys too; plain
+    all/any ignore them. A binding value of type void matches on the header's presence alone.
+    """
+    type_name = "headers"
+
+    def route(self, routing_key, message):
+        headers = _message_headers(message)
+        out = []
+        for (dest, _, _), args in self.bindings.items():
+            if dest not in out and headers_match(args, headers):
+                out.append(dest)
+        return out
+
+
+def _message_headers(message) -> dict:
+    props = message.read_properties()
+    raw = props.get("headers_raw")
+    return properties.decode_table(raw) if raw else {}
+
+
+def headers_match(args: dict, headers: dict) -> bool:
+    mode = args.get("x-match", "all")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    with_x = mode.endswith("-with-x")
+    pairs = [(k, v) for k, v in args.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
+    if mode.startswith("any"):
+        return any(_header_equal(k, v, headers) for k, v in pairs)
+    return all(_header_equal(k, v, headers) for k, v in pairs)
+
+
+def _header_equal(key, value, headers) -> bool:
+    if key not in headers:
+        return False
+    if value is None:
+        return True
+    have = headers[key]
+    if isinstance(have, bytes) and isinstance(value, str):
+        have = have.decode("utf-8", "replace")
+    elif isinstance(value, bytes) and isinstance(have, str):
+        value = value.decode("utf-8", "replace")
+    return type(have) is type(value) and have == value or (
+        isinstance(have, (int, float)) and isinstance(value, (int, float))
+        and not isinstance(have, bool) and not isinstance(value, bool) and have == value)
+
+
+EXCHANGE_TYPES = {cls.type_name: cls for cls in (DirectExchange, FanoutExchange, TopicExchange,
+                                                  HeadersExchange)}
+
+
+def _freeze(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value

@@ -1,0 +1,41 @@
+"""Limits the broker enforces, each a named constant whose comment gives its precedent.
+
+A hostile or broken peer meets one of these and gets the specification's error and a closed connection,
+never a crashed broker or unbounded memory.
+"""
+
+# AMQP 0-9-1 section 4.2.3: "The minimum frame size is 4096 octets"; a peer may not negotiate lower.
+FRAME_MIN_SIZE = 4096
+
+# RabbitMQ's default `frame_max` (rabbit.app): 128 KiB. Offered in Connection.Tune.
+DEFAULT_FRAME_MAX = 131072
+
+# RabbitMQ 3.10's default `channel_max`: 2047 (errata: 0 would mean "no limit", RabbitMQ never offers it).
+DEFAULT_CHANNEL_MAX = 2047
+
+# RabbitMQ's default heartbeat timeout, seconds, offered in Connection.Tune.
+DEFAULT_HEARTBEAT = 60
+
+# RabbitMQ 3.10's default `max_message_size`: 128 MiB. A larger declared body size is refused (406).
+DEFAULT_MAX_MESSAGE_SIZE = 134217728
+
+# A client must finish the handshake (protocol header to Connection.Open) within this many seconds, as
+# RabbitMQ's `handshake_timeout` (10 s) requires.
+HANDSHAKE_TIMEOUT = 10.0
+
+# Errata, "Heartbeats": a peer is dead after missing two heartbeat intervals; RabbitMQ closes the socket.
+HEARTBEAT_MISSES_ALLOWED = 2
+
+# x-max-priority: RabbitMQ accepts 1..255 (values above 255 are a precondition failure).
+MAX_PRIORITY_LIMIT = 255
+
+# Short strings (queue, exchange, consumer-tag names) are at most 255 octets (spec 4.2.5.3).
+SHORTSTR_MAX = 255
+
+# Bytes the broker buffers for one connection before it stops delivering to that connection's consumers
+# until the socket drains. Keeps a slow consumer with prefetch 0 from pulling a whole queue into memory.
+CONNECTION_OUTPUT_HIGH_WATER = 1 << 20
+
+# Most deliveries one consumer receives in one dispatch round, so one consumer with a deep queue and no
+# prefetch limit cannot starve the event loop (RabbitMQ's queue process likewise delivers in bursts).
+DISPATCH_BURST = 2000

@@ -1,0 +1,57 @@
+"""A message as a queue holds it.
+
+One `Message` per queue it sits in: routing to several queues copies this small object, never the header
+or body bytes, so per-queue state (redelivered, expiry, sequence) lives on it without a second object
+per entry. `header` is the content header payload exactly as the publisher sent it; `body` the joined
+body frames. With 1,000,000 queued 100-byte messages this object is most of the broker's memory, hence
+__slots__ and nothing optional.
+"""
+
+from __future__ import annotations
+
+from . import properties
+
+
+class Message:
+    __slots__ = ("exchange", "routing_key", "header", "body", "seq", "redelivered", "expires_at",
+                 "priority", "ttl")
+
+    def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes):
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.header = header
+        self.body = body
+        self.seq = 0              # position in its queue's arrival order (requeue restores it)
+        self.redelivered = False
+        self.expires_at = None    # monotonic ms after which the queue drops it, or None
+        self.priority = 0
+        self.ttl = None           # per-message TTL from the expiration property, ms, or None
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+    def copy(self) -> "Message":
+        m = Message(self.exchange, self.routing_key, self.header, self.body)
+        m.priority = self.priority
+        m.ttl = self.ttl
+        return m
+
+    def read_properties(self) -> dict:
+        """The properties the broker acts on: priority, expiration (as ttl ms), headers, user_id.
+
+        Returns {} for the common case of a header carrying none of them, without parsing anything.
+        """
+        if not properties.flags_of(self.header) & properties.BROKER_READS:
+            return {}
+        _, raw = properties.split(self.header)
+        out = {}
+        if "priority" in raw:
+            out["priority"] = properties.decode_octet(raw["priority"])
+        if "expiration" in raw:
+            out["expiration"] = properties.decode_shortstr(raw["expiration"])
+        if "headers" in raw:
+            out["headers_raw"] = raw["headers"]
+        if "user_id" in raw:
+            out["user_id"] = properties.decode_shortstr(raw["user_id"])
+        return out

@@ -1,0 +1,358 @@
+"""Queues: where messages wait, the arguments that bound them, and round-robin delivery to consumers.
+
+RabbitMQ's classic queue is the model: FIFO (or one FIFO per priority with `x-max-priority`), messages
+requeued by a nack/reject/recover/channel close go back to their original place at the head with
+`redelivered` set, `x-max-length`/`x-max-length-bytes` count ready messages only, TTL'd messages are
+dropped when they reach the head, and every removal for a reason (rejected, expired, maxlen) is
+dead-lettered when the queue has `x-dead-letter-exchange`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from . import limits, replies
+from .message import Message
+
+# Arguments RabbitMQ compares on a redeclare (rabbit_amqqueue's equivalence check); others are ignored.
+EQUIVALENCE_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
+                    "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
+                    "x-queue-type", "x-queue-mode", "x-single-active-consumer")
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+
+class QueueArguments:
+    """`x-*` queue arguments, validated the way RabbitMQ validates them (406 on a bad value)."""
+
+    def __init__(self, arguments: dict, queue_name: str):
+        self.raw = dict(arguments or {})
+        a = self.raw
+
+        def integer(key, minimum):
+            if key not in a:
+                return None
+            v = a[key]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise replies.channel_error(
+                    replies.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': "
+                    f"{{unacceptable_type,{type(v).__name__}}}")
+            if v < minimum:
+                raise replies.channel_error(
+                    replies.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': "
+                    f"{{value_negative,{v}}}" if v < 0 else
+                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': {{value_zero,{v}}}")
+            return v
+
+        def string(key):
+            if key not in a:
+                return None
+            v = a[key]
+            if isinstance(v, bytes):
+                v = v.decode("utf-8", "replace")
+            if not isinstance(v, str):
+                raise replies.channel_error(
+                    replies.PRECONDITION_FAILED,
+                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': "
+                    f"{{unacceptable_type,{type(v).__name__}}}")
+            return v
+
+        self.message_ttl = integer("x-message-ttl", 0)
+        self.expires = integer("x-expires", 1)
+        self.max_length = integer("x-max-length", 0)
+        self.max_length_bytes = integer("x-max-length-bytes", 0)
+        self.max_priority = integer("x-max-priority", 0)
+        if self.max_priority is not None and self.max_priority > limits.MAX_PRIORITY_LIMIT:
+            raise replies.channel_error(
+                replies.PRECONDITION_FAILED,
+                f"invalid arg 'x-max-priority' for queue '{queue_name}' in vhost '/': "
+                f"{{value_too_large,{self.max_priority},{limits.MAX_PRIORITY_LIMIT}}}")
+        self.overflow = string("x-overflow") or "drop-head"
+        if self.overflow not in OVERFLOW_MODES:
+            raise replies.channel_error(
+                replies.PRECONDITION_FAILED,
+                f"invalid arg 'x-overflow' for queue '{queue_name}' in vhost '/': "
+                f"{{unknown_overflow_mode,<<\"{self.overflow}\">>}}")
+        self.dead_letter_exchange = string("x-dead-letter-exchange")
+        self.dead_letter_routing_key = string("x-dead-letter-routing-key")
+        if self.dead_letter_routing_key is not None and self.dead_letter_exchange is None:
+            raise replies.channel_error(
+                replies.PRECONDITION_FAILED,
+                f"invalid arg 'x-dead-letter-routing-key' for queue '{queue_name}' in vhost '/': "
+                "Key 'x-dead-letter-exchange' is mandatory if 'x-dead-letter-routing-key' is set")
+        self.queue_type = string("x-queue-type") or "classic"
+        if self.queue_type != "classic":
+            raise replies.channel_error(
+                replies.PRECONDITION_FAILED,
+                f"invalid arg 'x-queue-type' for queue '{queue_name}' in vhost '/': "
+                f"queue type '{self.queue_type}' is not supported by this broker yet")
+
+
+class FifoStore:
+    """Ready messages of a queue without priorities, oldest first."""
+
+    def __init__(self):
+        self.items: deque[Message] = deque()
+
+    def __len__(self):
+        return len(self.items)
+
+    def append(self, m: Message):
+        self.items.append(m)
+
+    def peek(self) -> Message | None:
+        return self.items[0] if self.items else None
+
+    def popleft(self) -> Message:
+        return self.items.popleft()
+
+    def requeue(self, msgs: list[Message]):
+        _merge_at_head(self.items, msgs)
+
+    def clear(self) -> list[Message]:
+        out = list(self.items)
+        self.items.clear()
+        return out
+
+    def heads(self):
+        if self.items:
+            yield self.items
+
+
+class PriorityStore:
+    """One FIFO per priority 0..max; the highest non-empty one is served first (RabbitMQ's rule)."""
+
+    def __init__(self, max_priority: int):
+        self.levels = [deque() for _ in range(max_priority + 1)]
+        self.count = 0
+
+    def __len__(self):
+        return self.count
+
+    def append(self, m: Message):
+        self.levels[m.priority].append(m)
+        self.count += 1
+
+    def _top(self):
+        for level in reversed(self.levels):
+            if level:
+                return level
+        return None
+
+    def peek(self):
+        top = self._top()
+        return top[0] if top else None
+
+    def popleft(self):
+        top = self._top()
+        self.count -= 1
+        return top.popleft()
+
+    def requeue(self, msgs):
+        by_level: dict[int, list] = {}
+        for m in msgs:
+            by_level.setdefault(m.priority, []).append(m)
+        for p, group in by_level.items():
+            _merge_at_head(self.levels[p], group)
+        self.count += len(msgs)
+
+    def clear(self):
+        out = [m for level in reversed(self.levels) for m in level]
+        for level in self.levels:
+            level.clear()
+        self.count = 0
+        return out
+
+    def heads(self):
+        for level in reversed(self.levels):
+            if level:
+                yield level
+
+
+def _merge_at_head(items: deque, msgs: list[Message]) -> None:
+    """Put requeued messages back where they were: merged by arrival sequence into the head."""
+    msgs = sorted(msgs, key=lambda m: m.seq)
+    last = msgs[-1].seq
+    earlier = []
+    while items and items[0].seq < last:
+        earlier.append(items.popleft())
+    if earlier:
+        merged = sorted(earlier + msgs, key=lambda m: m.seq)
+    else:
+        merged = msgs
+    items.extendleft(reversed(merged))
+
+
+class Queue:
+    def __init__(self, vhost, name: str, durable: bool, exclusive_owner, auto_delete: bool,
+                 arguments: dict, now: float):
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner   # the owning Connection, or None
+        self.auto_delete = auto_delete
+        self.args = QueueArguments(arguments, name)
+        self.arguments = self.args.raw
+        self.store = PriorityStore(self.args.max_priority) if self.args.max_priority else FifoStore()
+        self.consumers: list = []
+        self._rr = 0
+        self.ready_bytes = 0
+        self.next_seq = 0
+        self.ever_consumed = False
+        self.deleted = False
+        self.last_used = now
+        self.has_ttl = False       # some stored message carries an expiry deadline
+        self.exclusive_consumer = None
+
+    # --- enqueue -------------------------------------------------------------------------------
+
+    def would_reject(self, size: int) -> bool:
+        """x-overflow reject-publish: a publish that would exceed a limit is refused (and nacked)."""
+        a = self.args
+        if a.overflow == "drop-head":
+            return False
+        if a.max_length is not None and len(self.store) >= a.max_length:
+            return True
+        if a.max_length_bytes is not None and self.ready_bytes + size > a.max_length_bytes:
+            return True
+        return False
+
+    def enqueue(self, m: Message, now: float) -> None:
+        a = self.args
+        m.seq = self.next_seq
+        self.next_seq += 1
+        if a.max_priority:
+            m.priority = min(m.priority, a.max_priority)
+        ttl = a.message_ttl
+        if m.ttl is not None:
+            ttl = m.ttl if ttl is None else min(ttl, m.ttl)
+        if ttl is not None:
+            m.expires_at = now + ttl
+            if not self.has_ttl:
+                self.has_ttl = True
+                self.vhost.core.register_timed_queue(self)
+        self.store.append(m)
+        self.ready_bytes += len(m.body)
+        self.vhost.core.account(len(m.body) + len(m.header))
+        if a.max_length is not None or a.max_length_bytes is not None:
+            self._enforce_length()
+        self.vhost.core.wants_dispatch(self)
+
+    def _enforce_length(self):
+        a = self.args
+        dropped = []
+        while len(self.store) and (
+                (a.max_length is not None and len(self.store) > a.max_length)
+                or (a.max_length_bytes is not None and self.ready_bytes > a.max_length_bytes)):
+            dropped.append(self._pop())
+        if dropped:
+            self.vhost.dead_letter(self, dropped, "maxlen")
+
+    def _pop(self) -> Message:
+        m = self.store.popleft()
+        self.ready_bytes -= len(m.body)
+        self.vhost.core.account(-(len(m.body) + len(m.header)))
+        return m
+
+    def requeue(self, msgs: list[Message]) -> None:
+        if self.deleted or not msgs:
+            return
+        for m in msgs:
+            m.redelivered = True
+            self.ready_bytes += len(m.body)
+            self.vhost.core.account(len(m.body) + len(m.header))
+        self.store.requeue(msgs)
+        self.vhost.core.wants_dispatch(self)
+
+    # --- dequeue -------------------------------------------------------------------------------
+
+    def take(self, now: float) -> Message | None:
+        """The next live message, dropping (and dead-lettering) expired ones at the head."""
+        store = self.store
+        expired = None
+        while len(store):
+            m = store.peek()
+            if m.expires_at is not None and m.expires_at <= now:
+                (expired := expired or []).append(self._pop())
+                continue
+            m = self._pop()
+            break
+        else:
+            m = None
+        if expired:
+            self.vhost.dead_letter(self, expired, "expired")
+        return m
+
+    def expire(self, now: float) -> None:
+        """Drop expired messages at the head(s) (RabbitMQ expires only what reaches the head)."""
+        if not self.has_ttl:
+            return
+        expired = []
+        for head in self.store.heads():
+            while head and head[0].expires_at is not None and head[0].expires_at <= now:
+                m = head.popleft()
+                if isinstance(self.store, PriorityStore):
+                    self.store.count -= 1
+                self.ready_bytes -= len(m.body)
+                self.vhost.core.account(-(len(m.body) + len(m.header)))
+                expired.append(m)
+        if not len(self.store):
+            self.has_ttl = False
+        if expired:
+            self.vhost.dead_letter(self, expired, "expired")
+
+    def purge(self) -> int:
+        msgs = self.store.clear()
+        self.ready_bytes = 0
+        self.vhost.core.account(-sum(len(m.body) + len(m.header) for m in msgs))
+        return len(msgs)
+
+    def message_count(self) -> int:
+        return len(self.store)
+
+    # --- consumers -----------------------------------------------------------------------------
+
+    def add_consumer(self, consumer) -> None:
+        self.consumers.append(consumer)
+        self.ever_consumed = True
+        if consumer.exclusive:
+            self.exclusive_consumer = consumer
+        self.vhost.core.wants_dispatch(self)
+
+    def remove_consumer(self, consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        if self.exclusive_consumer is consumer:
+            self.exclusive_consumer = None
+        if self.auto_delete and self.ever_consumed and not self.consumers and not self.deleted:
+            self.vhost.delete_queue(self)
+
+    def dispatch(self, now: float) -> bool:
+        """Deliver to consumers with credit, round-robin. Returns True if more could go right away."""
+        consumers = self.consumers
+        store = self.store
+        sent = 0
+        while len(store) and consumers:
+            progressed = False
+            n = len(consumers)
+            for _ in range(n):
+                c = consumers[self._rr % n]
+                self._rr += 1
+                if not c.can_take():
+                    continue
+                m = self.take(now)
+                if m is None:
+                    return False
+                c.deliver(self, m)
+                progressed = True
+                sent += 1
+                if len(consumers) != n:
+                    break
+            if not progressed:
+                return False
+            if sent >= limits.DISPATCH_BURST:
+                return bool(len(store))
+        return False

@@ -1,0 +1,369 @@
+"""A virtual host: the AMQ model's exchanges, queues and bindings, and routing between them.
+
+Every model effect of a protocol method lands here (declare, bind, delete, route, dead-letter), as
+methods that raise `AMQPError` with RabbitMQ's reply code and text when the method is refused.
+Nothing here knows about frames or sockets.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+
+from . import properties, replies
+from .exchange import EXCHANGE_TYPES, DirectExchange, Exchange, _freeze
+from .message import Message
+from .queue import EQUIVALENCE_ARGS, Queue
+
+# RabbitMQ pre-declares these in every virtual host (spec 3.1.3.1 requires amq.direct, amq.fanout,
+# amq.topic, amq.headers/amq.match; RabbitMQ adds amq.rabbitmq.trace, which we do not).
+PREDECLARED = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
+               ("amq.headers", "headers"), ("amq.match", "headers"))
+
+
+def _rs_queue(name, vhost):
+    return f"queue '{name}' in vhost '{vhost}'"
+
+
+def _rs_exchange(name, vhost):
+    return f"exchange '{name}' in vhost '{vhost}'"
+
+
+class VirtualHost:
+    def __init__(self, core, name: str):
+        self.core = core
+        self.name = name
+        self.default_exchange = DirectExchange("", durable=True)
+        self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
+        for xname, xtype in PREDECLARED:
+            self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
+        self.queues: dict[str, Queue] = {}
+
+    # --- exchanges -----------------------------------------------------------------------------
+
+    def get_exchange(self, name: str) -> Exchange:
+        x = self.exchanges.get(name)
+        if x is None:
+            raise replies.channel_error(replies.NOT_FOUND, f"no {_rs_exchange(name, self.name)}")
+        return x
+
+    def declare_exchange(self, name, type_, passive, durable, auto_delete, internal, arguments):
+        if passive:
+            return self.get_exchange(name)
+        if name == "":
+            raise replies.channel_error(replies.ACCESS_REFUSED,
+                                        "operation not permitted on the default exchange")
+        if name.startswith("amq."):
+            raise replies.channel_error(
+                replies.ACCESS_REFUSED,
+                f"{_rs_exchange(name, self.name)} contains reserved prefix 'amq.*'")
+        cls = EXCHANGE_TYPES.get(type_)
+        if cls is None:
+            # RabbitMQ raises an unknown exchange type as a connection error (rabbit_exchange:check_type).
+            raise replies.connection_error(replies.COMMAND_INVALID, f"unknown exchange type '{type_}'")
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            for field, have, want in (("type", existing.type_name, type_),
+                                      ("durable", existing.durable, durable),
+                                      ("auto_delete", existing.auto_delete, auto_delete),
+                                      ("internal", existing.internal, internal)):
+                if have != want:
+                    raise replies.channel_error(
+                        replies.PRECONDITION_FAILED,
+                        f"inequivalent arg '{field}' for {_rs_exchange(name, self.name)}: "
+                        f"received '{_fmt(want)}' but current is '{_fmt(have)}'")
+            for key in ("alternate-exchange",):
+                if _freeze(existing.arguments.get(key)) != _freeze((arguments or {}).get(key)):
+                    raise replies.channel_error(
+                        replies.PRECONDITION_FAILED,
+                        f"inequivalent arg '{key}' for {_rs_exchange(name, self.name)}")
+            return existing
+        x = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        self.exchanges[name] = x
+        return x
+
+    def delete_exchange(self, name: str, if_unused: bool) -> None:
+        if name == "" or name.startswith("amq."):
+            raise replies.channel_error(
+                replies.ACCESS_REFUSED,
+                "operation not permitted on the default exchange" if name == "" else
+                f"{_rs_exchange(name, self.name)} contains reserved prefix 'amq.*'")
+        x = self.exchanges.get(name)
+        if x is None:
+            return  # RabbitMQ: deleting an exchange that does not exist succeeds
+        if if_unused and x.bindings:
+            raise replies.channel_error(replies.PRECONDITION_FAILED,
+                                        f"{_rs_exchange(name, self.name)} in use")
+        self._remove_exchange(x)
+
+    def _remove_exchange(self, x: Exchange) -> None:
+        self.exchanges.pop(x.name, None)
+        x.bindings.clear()
+        for other in list(self.exchanges.values()):
+            if any(k[0] is x for k in other.bindings):
+                other.unbind_destination(x)
+                self._maybe_auto_delete(other)
+
+    def _maybe_auto_delete(self, x: Exchange) -> None:
+        if x.auto_delete and not x.bindings and x.name in self.exchanges:
+            self._remove_exchange(x)
+
+    def bind_exchange(self, destination, source, routing_key, arguments):
+        src, dst = self._binding_ends(source, destination)
+        src.bind(dst, routing_key, arguments or {})
+
+    def unbind_exchange(self, destination, source, routing_key, arguments):
+        src, dst = self._binding_ends(source, destination)
+        if src.unbind(dst, routing_key, arguments or {}):
+            self._maybe_auto_delete(src)
+
+    def _binding_ends(self, source, destination):
+        if source == "" or destination == "":
+            raise replies.channel_error(replies.ACCESS_REFUSED,
+                                        "operation not permitted on the default exchange")
+        return self.get_exchange(source), self.get_exchange(destination)
+
+    # --- queues --------------------------------------------------------------------------------
+
+    def get_queue(self, name: str, conn=None) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise replies.channel_error(replies.NOT_FOUND, f"no {_rs_queue(name, self.name)}")
+        if conn is not None:
+            self.check_exclusive(q, conn)
+        return q
+
+    def check_exclusive(self, q: Queue, conn) -> None:
+        if q.exclusive_owner is not None and q.exclusive_owner is not conn:
+            raise replies.channel_error(
+                replies.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked {_rs_queue(q.name, self.name)}. It could be "
+                "originally declared on another connection or the exclusive property value does not "
+                "match that of the original declaration.")
+
+    def declare_queue(self, name, passive, durable, exclusive, auto_delete, arguments, conn) -> Queue:
+        now = self.core.now()
+        if passive:
+            q = self.get_queue(name, conn)
+            q.last_used = now
+            return q
+        if not name:
+            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        elif name.startswith("amq."):
+            raise replies.channel_error(
+                replies.ACCESS_REFUSED,
+                f"{_rs_queue(name, self.name)} contains reserved prefix 'amq.*'")
+        owner = conn if exclusive else None
+        q = self.queues.get(name)
+        if q is not None:
+            # rabbit_amqqueue:check_exclusive_access(strict): owned by another connection, or the
+            # exclusive flag differs from the original declaration -> 405.
+            if q.exclusive_owner is not owner:
+                raise replies.channel_error(
+                    replies.RESOURCE_LOCKED,
+                    f"cannot obtain exclusive access to locked {_rs_queue(name, self.name)}. It could "
+                    "be originally declared on another connection or the exclusive property value "
+                    "does not match that of the original declaration.")
+            for field, have, want in (("durable", q.durable, durable),
+                                      ("auto_delete", q.auto_delete, auto_delete)):
+                if have != want:
+                    raise replies.channel_error(
+                        replies.PRECONDITION_FAILED,
+                        f"inequivalent arg '{field}' for {_rs_queue(name, self.name)}: "
+                        f"received '{_fmt(want)}' but current is '{_fmt(have)}'")
+            arguments = arguments or {}
+            for key in EQUIVALENCE_ARGS:
+                have, want = q.arguments.get(key), arguments.get(key)
+                if not _arg_equal(have, want):
+                    raise replies.channel_error(
+                        replies.PRECONDITION_FAILED,
+                        f"inequivalent arg '{key}' for {_rs_queue(name, self.name)}: "
+                        f"received {_fmt_arg(want)} but current is {_fmt_arg(have)}")
+            q.last_used = now
+            return q
+        q = Queue(self, name, durable, owner, auto_delete, arguments or {}, now)
+        self.queues[name] = q
+        self.default_exchange.bind(q, name, {})
+        if owner is not None:
+            owner.exclusive_queues.add(q)
+        self.core.register_timed_queue(q)
+        return q
+
+    def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
+        if if_unused and q.consumers:
+            raise replies.channel_error(replies.PRECONDITION_FAILED,
+                                        f"{_rs_queue(q.name, self.name)} in use")
+        if if_empty and q.message_count():
+            raise replies.channel_error(replies.PRECONDITION_FAILED,
+                                        f"{_rs_queue(q.name, self.name)} not empty")
+        count = q.message_count()
+        if q.deleted:
+            return count
+        q.deleted = True
+        self.queues.pop(q.name, None)
+        for x in list(self.exchanges.values()):
+            if any(k[0] is q for k in x.bindings):
+                x.unbind_destination(q)
+                if x is not self.default_exchange:
+                    self._maybe_auto_delete(x)
+        q.purge()
+        for consumer in list(q.consumers):
+            consumer.channel.cancel_by_broker(consumer)
+        q.consumers.clear()
+        if q.exclusive_owner is not None:
+            q.exclusive_owner.exclusive_queues.discard(q)
+        self.core.unregister_timed_queue(q)
+        return count
+
+    def bind_queue(self, q: Queue, exchange: str, routing_key: str, arguments) -> None:
+        if exchange == "":
+            raise replies.channel_error(replies.ACCESS_REFUSED,
+                                        f"operation not permitted on the default exchange")
+        self.get_exchange(exchange).bind(q, routing_key, arguments or {})
+
+    def unbind_queue(self, q: Queue, exchange: str, routing_key: str, arguments) -> None:
+        if exchange == "":
+            raise replies.channel_error(replies.ACCESS_REFUSED,
+                                        f"operation not permitted on the default exchange")
+        x = self.get_exchange(exchange)
+        if x.unbind(q, routing_key, arguments or {}):
+            self._maybe_auto_delete(x)
+
+    # --- routing -------------------------------------------------------------------------------
+
+    def route(self, x: Exchange, routing_key: str, message: Message) -> list[Queue]:
+        """Queues the message goes to from exchange x: through exchange-to-exchange bindings and
+        alternate exchanges (used when an exchange itself selects nothing), each queue once."""
+        if x is self.default_exchange:
+            q = self.queues.get(routing_key)
+            return [q] if q is not None else []
+        queues: list[Queue] = []
+        visited = set()
+        pending = [x]
+        while pending:
+            ex = pending.pop()
+            if id(ex) in visited:
+                continue
+            visited.add(id(ex))
+            dests = ex.route(routing_key, message)
+            if not dests:
+                ae = ex.alternate_exchange
+                if ae and ae in self.exchanges:
+                    pending.append(self.exchanges[ae])
+                continue
+            for d in dests:
+                if isinstance(d, Queue):
+                    if d not in queues:
+                        queues.append(d)
+                else:
+                    pending.append(d)
+        return queues
+
+    # --- dead-lettering ------------------------------------------------------------------------
+
+    def dead_letter(self, q: Queue, msgs: list[Message], reason: str) -> None:
+        """Republish msgs removed from q for `reason` (rejected | expired | maxlen) to q's DLX.
+
+        RabbitMQ's rules (dead-letter docs, rabbit_dead_letter): routing key is x-dead-letter-routing-key
+        or the original one; an `x-death` entry per (queue, reason) counts repeats; x-first-death-*
+        are set once; a per-message `expiration` is removed and kept as `original-expiration`; a
+        message is dropped where it would cycle back to a queue without any rejection in the cycle.
+        No DLX, or a DLX that does not exist: the message is dropped.
+        """
+        dlx_name = q.args.dead_letter_exchange
+        if dlx_name is None:
+            return
+        dlx = self.exchanges.get(dlx_name)
+        if dlx is None:
+            return
+        now = self.core.now()
+        wall = int(time.time())
+        for m in msgs:
+            header, deaths = _with_x_death(m, q.name, reason, wall)
+            rk = q.args.dead_letter_routing_key or m.routing_key
+            dm = Message(dlx_name, rk, header, m.body)
+            dm.priority = m.priority
+            targets = self.route(dlx, rk, dm)
+            if reason != "rejected" and not any(r == "rejected" for _, r in deaths):
+                targets = [t for t in targets if not any(qn == t.name for qn, _ in deaths)]
+            for t in targets:
+                if t.would_reject(len(dm.body)):
+                    continue
+                t.enqueue(dm.copy() if len(targets) > 1 else dm, now)
+
+
+def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
+    """The message's content header with x-death updated (see dead_letter), and its prior deaths."""
+    prefix, raw = properties.split(m.header)
+    items = properties.table_items(raw["headers"]) if "headers" in raw else []
+    entries = []
+    others = []
+    for key, value in items:
+        if key == "x-death":
+            try:
+                entries = list(properties.decode_tagged(value))
+            except Exception:
+                entries = []
+        else:
+            others.append((key, value))
+    prior = [(_s(e.get("queue")), _s(e.get("reason"))) for e in entries if isinstance(e, dict)]
+    new_entry = None
+    rest = []
+    for e in entries:
+        if isinstance(e, dict) and _s(e.get("queue")) == queue_name and _s(e.get("reason")) == reason \
+                and new_entry is None:
+            new_entry = dict(e)
+            new_entry["count"] = int(e.get("count", 0)) + 1
+        else:
+            rest.append(e)
+    if new_entry is None:
+        new_entry = {"count": 1, "reason": reason, "queue": queue_name, "time": wall,
+                     "exchange": m.exchange, "routing-keys": [m.routing_key]}
+        if "expiration" in raw:
+            new_entry["original-expiration"] = properties.decode_shortstr(raw["expiration"])
+    fields = []
+    for k in sorted(new_entry):
+        v = new_entry[k]
+        if k == "time":
+            fields.append((k, properties.enc_timestamp(v)))
+        elif k == "count":
+            fields.append((k, properties.enc_long(int(v))))
+        else:
+            fields.append((k, properties.encode_value(v)))
+    death_values = [properties.enc_table(fields)]
+    for e in rest:
+        death_values.append(properties.encode_value(e) if not isinstance(e, dict) else properties.enc_table(
+            [(k, properties.enc_timestamp(v) if k == "time" else
+              properties.enc_long(int(v)) if k == "count" else properties.encode_value(v))
+             for k, v in e.items()]))
+    present = {k for k, _ in others}
+    firsts = []
+    for key, value in (("x-first-death-exchange", m.exchange), ("x-first-death-queue", queue_name),
+                       ("x-first-death-reason", reason)):
+        if key not in present:
+            firsts.append((key, properties.enc_longstr(value)))
+    new_items = [("x-death", properties.enc_array(death_values))] + firsts + others
+    raw["headers"] = properties.table_from_items(new_items)
+    raw.pop("expiration", None)
+    return properties.join(prefix, raw), prior
+
+
+def _s(v):
+    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
+
+
+def _fmt(v):
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _fmt_arg(v):
+    return "none" if v is None else f"the value '{_s(v)}'"
+
+
+def _arg_equal(a, b) -> bool:
+    if isinstance(a, (bytes, bytearray)):
+        a = bytes(a).decode("utf-8", "replace")
+    if isinstance(b, (bytes, bytearray)):
+        b = bytes(b).decode("utf-8", "replace")
+    return a == b
