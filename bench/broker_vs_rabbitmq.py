@@ -17,6 +17,10 @@ What it measures (the benchmark of issue 2):
   measured in the same run: the machine is shared and noisy.
 * CPU per message, of the client (this process) and of the server process (the broker subprocess; for
   RabbitMQ the process listening on its port, when it can be found), to show where the time goes.
+* diagnostics: messages per confirm frame the publisher received, and the server's wakeups (voluntary
+  context switches) per message. With pika the publisher's CPU is the publish bottleneck, and its cost per
+  message falls as confirms are coalesced (more messages per ``basic.ack multiple``): this column explains
+  most of the run-to-run spread of the publish rate.
 * memory (``--memory``, on by default): the embedded broker's resident set size (psutil) with 1,000,000
   (``--memory-messages``) queued messages of ``--size`` bytes; target under 500 MB. The queue is deleted
   afterwards. ``--memory-rabbitmq`` measures RabbitMQ's RSS growth the same way, for comparison.
@@ -30,6 +34,7 @@ Run (from the repository root, RabbitMQ running at 127.0.0.1:5672)::
     python bench/broker_vs_rabbitmq.py --rounds 5 --no-memory
     python bench/broker_vs_rabbitmq.py --skip-rabbitmq      # embedded broker only (no ratios)
     python bench/broker_vs_rabbitmq.py --skip-embedded      # RabbitMQ only (checks the client code)
+    python bench/broker_vs_rabbitmq.py --skip-rabbitmq --no-memory --py-spy /tmp/prof.svg   # profile ours
 
 It prints a table, the two ratios, and a final ``README:`` line to paste into the README.
 """
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -155,6 +161,7 @@ class Publisher(_AsyncClient):
         self.window = window
         self.published = 0
         self.confirmed = 0  # highest delivery tag acked (one queue: the broker confirms in order)
+        self.confirm_frames = 0
         self.t0 = self.t1 = 0.0
 
     def on_channel_open(self, channel):
@@ -174,6 +181,7 @@ class Publisher(_AsyncClient):
             self.published += 1
 
     def _on_confirm(self, frame):
+        self.confirm_frames += 1
         method = frame.method
         if not isinstance(method, pika.spec.Basic.Ack):
             self.fail(f"publish nacked (delivery tag {method.delivery_tag}, multiple={method.multiple})")
@@ -243,6 +251,22 @@ class Target:
         except psutil.Error:
             return None
 
+    def server_wakeups(self) -> int | None:
+        """Voluntary context switches so far, summed over the server's threads (Linux): how often it slept
+        waiting for input, i.e. roughly how many separate batches it handled."""
+        if self.process is None:
+            return None
+        total = 0
+        try:
+            for proc in [self.process] + self.process.children(recursive=True):
+                for task in Path(f"/proc/{proc.pid}/task").iterdir():
+                    for line in (task / "status").read_text().splitlines():
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+        except (OSError, ValueError, psutil.Error):
+            return None
+        return total
+
     def server_rss(self) -> int | None:
         if self.process is None:
             return None
@@ -276,7 +300,7 @@ def start_embedded(log_path: Path) -> tuple[subprocess.Popen, Target]:
     port = free_port()
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
@@ -358,6 +382,14 @@ class Sample:
     rate: float           # msg/s
     client_us: float      # client CPU µs per message
     server_us: float | None
+    server_wakeups: float | None = None  # server voluntary context switches per message
+    per_confirm: float | None = None     # messages per confirm frame the publisher received
+
+
+def _sample(n: int, seconds: float, c0, c1, s0, s1, io0, io1, **extra) -> Sample:
+    return Sample(n / seconds, (c1 - c0) / n * 1e6,
+                  None if s0 is None or s1 is None else (s1 - s0) / n * 1e6,
+                  None if io0 is None or io1 is None else (io1 - io0) / n, **extra)
 
 
 @dataclass
@@ -369,23 +401,20 @@ class Results:
 def publish_phase(target: Target, queue: str, args, n: int | None = None) -> Sample:
     n = args.messages if n is None else n
     pub = Publisher(target.url, queue, n, args.size, args.window, args.timeout)
-    c0, s0 = time.process_time(), target.server_cpu()
+    c0, s0, io0 = time.process_time(), target.server_cpu(), target.server_wakeups()
     pub.run()
-    c1, s1 = time.process_time(), target.server_cpu()
-    seconds = pub.t1 - pub.t0
-    return Sample(n / seconds, (c1 - c0) / n * 1e6,
-                  None if s0 is None or s1 is None else (s1 - s0) / n * 1e6)
+    c1, s1, io1 = time.process_time(), target.server_cpu(), target.server_wakeups()
+    return _sample(n, pub.t1 - pub.t0, c0, c1, s0, s1, io0, io1,
+                   per_confirm=n / max(pub.confirm_frames, 1))
 
 
 def consume_phase(target: Target, queue: str, args, n: int | None = None) -> Sample:
     n = args.messages if n is None else n
     con = Consumer(target.url, queue, n, args.size, args.prefetch, args.ack_every, args.timeout)
-    c0, s0 = time.process_time(), target.server_cpu()
+    c0, s0, io0 = time.process_time(), target.server_cpu(), target.server_wakeups()
     con.run()
-    c1, s1 = time.process_time(), target.server_cpu()
-    seconds = con.t1 - con.t0
-    return Sample(n / seconds, (c1 - c0) / n * 1e6,
-                  None if s0 is None or s1 is None else (s1 - s0) / n * 1e6)
+    c1, s1, io1 = time.process_time(), target.server_cpu(), target.server_wakeups()
+    return _sample(n, con.t1 - con.t0, c0, c1, s0, s1, io0, io1)
 
 
 def one_round(target: Target, args, n: int | None = None) -> tuple[Sample, Sample]:
@@ -406,10 +435,10 @@ def one_round(target: Target, args, n: int | None = None) -> tuple[Sample, Sampl
 
 
 def median_sample(samples: list[Sample]) -> Sample:
-    servers = [s.server_us for s in samples if s.server_us is not None]
-    return Sample(statistics.median(s.rate for s in samples),
-                  statistics.median(s.client_us for s in samples),
-                  statistics.median(servers) if servers else None)
+    def med(attr):
+        values = [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
+        return statistics.median(values) if values else None
+    return Sample(*(med(f) for f in Sample.__dataclass_fields__))
 
 
 def measure_memory(target: Target, args) -> dict:
@@ -467,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure RabbitMQ's RSS growth with --memory-messages queued")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for one phase")
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.add_argument("--py-spy", type=Path, metavar="FILE",
+                   help="profile the embedded broker with py-spy during the timed rounds (`pip install "
+                        "py-spy`); FILE.svg: flame graph, FILE.txt: collapsed stacks, FILE.json: speedscope. "
+                        "The profiler takes CPU: do not quote throughput from a profiled run")
     args = p.parse_args(argv)
     if args.skip_embedded and args.skip_rabbitmq:
         p.error("nothing to measure")
@@ -500,6 +533,13 @@ def main(argv: list[str] | None = None) -> int:
             for t in targets:
                 one_round(t, args, args.warmup)
 
+        spy = None
+        if args.py_spy and proc is not None:
+            fmt = {".svg": "flamegraph", ".txt": "raw", ".json": "speedscope"}.get(args.py_spy.suffix, "flamegraph")
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", "200", "--format", fmt,
+                                    "-o", str(args.py_spy)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(1.0)  # let it attach
+
         res = Results({t.name: [] for t in targets}, {t.name: [] for t in targets})
         for r in range(args.rounds):
             order = targets if r % 2 == 0 else list(reversed(targets))
@@ -510,6 +550,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  round {r + 1} {t.name:9s} publish {pub.rate:9,.0f} msg/s   "
                       f"consume {con.rate:9,.0f} msg/s")
 
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            try:
+                _, err = spy.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                _, err = spy.communicate()
+            print(f"py-spy profile written to {args.py_spy}" if args.py_spy.exists()
+                  else f"py-spy failed: {err.decode(errors='replace')[-500:]}")
+
         print()
         print(f"median of {args.rounds}    publish msg/s  consume msg/s   CPU µs/msg "
               "(client pub/con, server pub/con)")
@@ -519,6 +569,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:14s} {pub.rate:14,.0f} {con.rate:14,.0f}   "
                   f"{fmt_us(pub.client_us)} {fmt_us(con.client_us)}   "
                   f"{fmt_us(pub.server_us)} {fmt_us(con.server_us)}")
+        print("  diagnostics: messages per confirm frame the publisher received; server wakeups "
+              "(voluntary context switches) per 100 messages, publish/consume")
+        for name, (pub, con) in med.items():
+            def per100(v):
+                return "n/a" if v is None else f"{v * 100:.1f}"
+            print(f"  {name:14s} {pub.per_confirm:5.1f} msg/confirm; wakeups/100 msg "
+                  f"{per100(pub.server_wakeups)}/{per100(con.server_wakeups)}")
 
         out: dict = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                      "loadavg": os.getloadavg(),
@@ -574,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proc is not None:
             stop_embedded(proc)
+            if log_path.exists() and log_path.stat().st_size == 0:
+                log_path.unlink()
 
 
 if __name__ == "__main__":

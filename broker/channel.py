@@ -471,6 +471,7 @@ class Channel:
         Runs of equal outcome collapse into one ack (or nack) with multiple=true for the run's last tag,
         which is what keeps a Python publisher's CPU per message low."""
         runs = self.confirm_runs
+        self.conn.confirms_waiting += 1
         if not runs:
             self.conn.confirm_channels.add(self)
         if runs and runs[-1][0] == ok:
@@ -482,10 +483,7 @@ class Channel:
         for run in self.confirm_runs:
             ok, upto, first = run[0], run[1], run[2]
             multiple = upto != first
-            if ok:
-                self.reply(C.Basic.Ack(delivery_tag=upto, multiple=multiple))
-            else:
-                self.reply(C.Basic.Nack(delivery_tag=upto, multiple=multiple, requeue=False))
+            self.conn.write_raw(wire.confirm_frame(self.number, upto, multiple, ok))
         self.confirm_runs = []
 
     # --- teardown ------------------------------------------------------------------------------

@@ -100,3 +100,4 @@ class BrokerCore:
         self.alarm = active
         for conn in self.connections:
             conn.on_alarm(active)
+            self.dirty.add(conn)  # the server re-reads `reading_paused` when it flushes

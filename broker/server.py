@@ -7,7 +7,9 @@ timer drives TTL expiry, x-expires and heartbeats. Everything AMQP lives in `con
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import termios
 
 from . import limits
 from .config import BrokerConfig
@@ -17,6 +19,11 @@ from .core import BrokerCore
 log = logging.getLogger("broker.server")
 
 TICK_SECONDS = 0.05
+
+# Confirms are deferred while more input is waiting, but never for more than this many messages, so a
+# publisher with a small window of unconfirmed messages is not left waiting on a full window.
+CONFIRM_DEFER_MAX = 128
+_INT0 = b"\0\0\0\0"
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -28,6 +35,7 @@ class AMQPProtocol(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.transport = transport
+        self._fd = transport.get_extra_info("socket").fileno()
         transport.set_write_buffer_limits(high=limits.CONNECTION_OUTPUT_HIGH_WATER)
         peer = transport.get_extra_info("peername")
         self.conn = Connection(self.server.core, peer=f"{peer[0]}:{peer[1]}" if peer else "")
@@ -35,8 +43,20 @@ class AMQPProtocol(asyncio.Protocol):
         self.server.core.connection_made(self.conn)
 
     def data_received(self, data):
-        self.conn.receive_data(data)
+        conn = self.conn
+        conn.receive_data(data)
+        if conn.confirm_channels and (conn.confirms_waiting >= CONFIRM_DEFER_MAX
+                                      or not self._more_to_read()):
+            conn.flush_confirms()
         self.server.after_input()
+
+    def _more_to_read(self) -> bool:
+        """Bytes already waiting in the socket (FIONREAD): the peer's next frames are on their way."""
+        try:
+            fionread = fcntl.ioctl(self._fd, termios.FIONREAD, _INT0)
+        except OSError:
+            return False
+        return fionread != _INT0
 
     def eof_received(self):
         return False
@@ -89,9 +109,9 @@ class Server:
 
     def after_input(self) -> None:
         core = self.core
-        more = core.run_dispatch()
+        core.run_dispatch()
         self._flush()
-        if more and not self._more_scheduled:
+        if core.to_dispatch and not self._more_scheduled:
             self._more_scheduled = True
             self.loop.call_soon(self._dispatch_more)
 

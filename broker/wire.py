@@ -48,11 +48,11 @@ class FrameReader:
     __slots__ = ("buffer", "frame_max")
 
     def __init__(self, frame_max: int):
-        self.buffer = bytearray()
+        self.buffer = b""     # bytes, not bytearray: slicing bytes copies a payload once, not twice
         self.frame_max = frame_max
 
     def feed(self, data: bytes) -> None:
-        self.buffer += data
+        self.buffer = self.buffer + data if self.buffer else bytes(data)
 
     def frames(self):
         """Yield (type, channel, payload) for each complete frame buffered; leaves a partial one."""
@@ -74,11 +74,11 @@ class FrameReader:
                 if buf[end] != FRAME_END:
                     raise replies.connection_error(
                         replies.FRAME_ERROR, f"invalid frame end byte {buf[end]:#x}")
-                yield ftype, channel, bytes(buf[pos + 7:end])
+                yield ftype, channel, buf[pos + 7:end]
                 pos = end + 1
         finally:
             if pos:
-                del buf[:pos]
+                self.buffer = buf[pos:]
 
 
 def method_frame(channel: int, method) -> bytes:
@@ -118,14 +118,42 @@ def deliver_frame(channel: int, ctag: bytes, delivery_tag: int, redelivered: boo
                      FRAME_END_BYTE))
 
 
+_ACK_METHOD = _method_ids.pack(60, 80)
+_NACK_METHOD = _method_ids.pack(60, 120)
+
+
+def confirm_frame(channel: int, delivery_tag: int, multiple: bool, ack: bool) -> bytes:
+    """basic.ack / basic.nack (requeue=false) from the broker to a publisher in confirm mode."""
+    if ack:
+        return b"".join((_frame_head.pack(FRAME_METHOD, channel, 13), _ACK_METHOD,
+                         _u64_bit.pack(delivery_tag, 1 if multiple else 0), FRAME_END_BYTE))
+    return b"".join((_frame_head.pack(FRAME_METHOD, channel, 13), _NACK_METHOD,
+                     _u64_bit.pack(delivery_tag, 1 if multiple else 0), FRAME_END_BYTE))
+
+
+# Decoded exchange names and routing keys, shared between messages: a queue of a million messages with
+# the same routing key then holds one string, not a million (about 67 bytes per message).
+_names: dict[bytes, str] = {}
+_NAMES_MAX = 65536
+
+
+def _name(raw: bytes) -> str:
+    name = _names.get(raw)
+    if name is None:
+        name = raw.decode()
+        if len(_names) < _NAMES_MAX:
+            _names[raw] = name
+    return name
+
+
 def parse_publish(payload: bytes) -> tuple[str, str, bool, bool]:
     """basic.publish arguments (spec 1.8.3.7): reserved-1 short, exchange, routing-key, mandatory|immediate."""
     pos = 6
     n = payload[pos]
-    exchange = payload[pos + 1:pos + 1 + n].decode()
+    exchange = _name(payload[pos + 1:pos + 1 + n])
     pos += 1 + n
     n = payload[pos]
-    routing_key = payload[pos + 1:pos + 1 + n].decode()
+    routing_key = _name(payload[pos + 1:pos + 1 + n])
     pos += 1 + n
     bits = payload[pos]
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
