@@ -12,8 +12,14 @@ import os
 
 from pamqp import commands as C
 
-from . import replies, wire
+from . import properties, replies, wire
 from .message import Message
+
+# AMQP field-type tags as RabbitMQ names them in error texts.
+_FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "long", b"t": "bool",
+                     b"F": "table", b"b": "byte", b"d": "double", b"f": "float", b"T": "timestamp",
+                     b"V": "void", b"x": "binary", b"D": "decimal", b"u": "unsignedshort",
+                     b"i": "unsignedint", b"B": "unsignedbyte"}
 
 OPEN, CLOSING = "open", "closing"
 
@@ -338,8 +344,9 @@ class Channel:
                 requeue.setdefault(id(q), (q, []))[1].append(m)
             elif outcome == "drop":
                 dead.setdefault(id(q), (q, []))[1].append(m)
+        now = self.conn.core.now()
         for q, msgs in requeue.values():
-            q.requeue(msgs)
+            q.requeue(msgs, now)
         for q, msgs in dead.values():
             if not q.deleted:
                 q.vhost.dead_letter(q, msgs, "rejected")
@@ -413,15 +420,42 @@ class Channel:
                 hard=False, class_id=60, method_id=40)
         m = Message(exchange, routing_key, header, body)
         props = m.read_properties()
+        cc = ()
         if props:
             self._apply_properties(m, props)
+            if "headers_raw" in props:
+                cc = self._sender_selected_keys(m, props["headers_raw"])
         self.conn.has_published = True
         if self.confirming:
             self.publish_seq += 1
         if self.transactional:
-            self.tx_ops.append(("publish", x, m, mandatory, 0))
+            self.tx_ops.append(("publish", x, m, mandatory, 0, cc))
             return
-        self.route_message(x, m, mandatory, self.publish_seq)
+        self.route_message(x, m, mandatory, self.publish_seq, cc)
+
+    def _sender_selected_keys(self, m: Message, headers_raw: bytes) -> list[str]:
+        """RabbitMQ's sender-selected distribution: `CC` and `BCC` headers (arrays of strings) add
+        routing keys; `BCC` is removed from the message before it is stored."""
+        items = properties.table_items(headers_raw)
+        keys: list[str] = []
+        has_bcc = False
+        for key, value in items:
+            if key not in ("CC", "BCC"):
+                continue
+            if value[:1] != b"A":
+                kind = _FIELD_TYPE_NAMES.get(value[:1], "unknown")
+                raise replies.AMQPError(
+                    replies.PRECONDITION_FAILED,
+                    f'invalid message: {{unacceptable_type_in_header,"{key}",{kind}}}',
+                    hard=False, class_id=60, method_id=40)
+            keys += [v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
+                     for v in properties.decode_tagged(value)]
+            has_bcc = has_bcc or key == "BCC"
+        if has_bcc:
+            prefix, raw = properties.split(m.header)
+            raw["headers"] = properties.table_from_items([(k, v) for k, v in items if k != "BCC"])
+            m.header = properties.join(prefix, raw)
+        return keys
 
     def _apply_properties(self, m: Message, props: dict) -> None:
         if "priority" in props:
@@ -442,9 +476,14 @@ class Channel:
                 f"user_id property set to '{props['user_id']}' but authenticated user was "
                 f"'{self.conn.user}'", hard=False, class_id=60, method_id=40)
 
-    def route_message(self, x, m: Message, mandatory: bool, seq: int) -> None:
+    def route_message(self, x, m: Message, mandatory: bool, seq: int, cc: list[str] = ()) -> None:
         vhost = self.vhost
         queues = vhost.route(x, m.routing_key, m)
+        if cc:
+            for key in cc:
+                for q in vhost.route(x, key, m):
+                    if q not in queues:
+                        queues.append(q)
         ok = True
         if not queues:
             if mandatory:
@@ -458,7 +497,7 @@ class Channel:
                 ok = False
                 for q in queues:
                     if q not in accepted and q.args.overflow == "reject-publish-dlx":
-                        vhost.dead_letter(q, [m.copy()], "rejected")
+                        vhost.dead_letter(q, [m.copy()], "maxlen")
             last = len(accepted) - 1
             for i, q in enumerate(accepted):
                 q.enqueue(m if i == last else m.copy(), now)

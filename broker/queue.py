@@ -229,6 +229,14 @@ class Queue:
         ttl = a.message_ttl
         if m.ttl is not None:
             ttl = m.ttl if ttl is None else min(ttl, m.ttl)
+        if ttl == 0:
+            # RabbitMQ: a message with TTL 0 goes to a consumer that can take it now, or expires.
+            consumer = self._ready_consumer()
+            if consumer is None:
+                self.vhost.dead_letter(self, [m], "expired")
+            else:
+                consumer.deliver(self, m)
+            return
         if ttl is not None:
             m.expires_at = now + ttl
             if not self.has_ttl:
@@ -257,14 +265,24 @@ class Queue:
         self.vhost.core.account(-(len(m.body) + len(m.header)))
         return m
 
-    def requeue(self, msgs: list[Message]) -> None:
+    def requeue(self, msgs: list[Message], now: float) -> None:
+        """Back to the head in original order, redelivered; what expired meanwhile is dropped and
+        the length limits are applied again (both as RabbitMQ does on requeue)."""
         if self.deleted or not msgs:
+            return
+        expired = [m for m in msgs if m.expires_at is not None and m.expires_at <= now]
+        if expired:
+            msgs = [m for m in msgs if not (m.expires_at is not None and m.expires_at <= now)]
+            self.vhost.dead_letter(self, expired, "expired")
+        if not msgs:
             return
         for m in msgs:
             m.redelivered = True
             self.ready_bytes += len(m.body)
             self.vhost.core.account(len(m.body) + len(m.header))
         self.store.requeue(msgs)
+        if self.args.max_length is not None or self.args.max_length_bytes is not None:
+            self._enforce_length()
         self.vhost.core.wants_dispatch(self)
 
     # --- dequeue -------------------------------------------------------------------------------
@@ -330,6 +348,15 @@ class Queue:
         if self.auto_delete and self.ever_consumed and not self.consumers and not self.deleted:
             self.vhost.delete_queue(self)
 
+    def _ready_consumer(self):
+        n = len(self.consumers)
+        for _ in range(n):
+            c = self.consumers[self._rr % n]
+            self._rr += 1
+            if c.can_take():
+                return c
+        return None
+
     def dispatch(self, now: float) -> bool:
         """Deliver to consumers with credit, round-robin. Returns True if more could go right away."""
         consumers = self.consumers
@@ -339,6 +366,8 @@ class Queue:
             progressed = False
             n = len(consumers)
             for _ in range(n):
+                if not len(store):
+                    return False
                 c = consumers[self._rr % n]
                 self._rr += 1
                 if not c.can_take():

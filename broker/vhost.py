@@ -281,10 +281,13 @@ class VirtualHost:
         wall = int(time.time())
         for m in msgs:
             header, deaths = _with_x_death(m, q.name, reason, wall)
-            rk = q.args.dead_letter_routing_key or m.routing_key
-            dm = Message(dlx_name, rk, header, m.body)
+            rk = q.args.dead_letter_routing_key
+            keys = [rk] if rk is not None else [m.routing_key, *_cc_keys(header)]
+            dm = Message(dlx_name, keys[0], header, m.body)
             dm.priority = m.priority
-            targets = self.route(dlx, rk, dm)
+            targets = []
+            for key in keys:
+                targets += [t for t in self.route(dlx, key, dm) if t not in targets]
             if reason != "rejected" and not any(r == "rejected" for _, r in deaths):
                 targets = [t for t in targets if not any(qn == t.name for qn, _ in deaths)]
             for t in targets:
@@ -319,7 +322,7 @@ def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
             rest.append(e)
     if new_entry is None:
         new_entry = {"count": 1, "reason": reason, "queue": queue_name, "time": wall,
-                     "exchange": m.exchange, "routing-keys": [m.routing_key]}
+                     "exchange": m.exchange, "routing-keys": [m.routing_key, *_cc_keys(m.header)]}
         if "expiration" in raw:
             new_entry["original-expiration"] = properties.decode_shortstr(raw["expiration"])
     fields = []
@@ -347,6 +350,17 @@ def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
     raw["headers"] = properties.table_from_items(new_items)
     raw.pop("expiration", None)
     return properties.join(prefix, raw), prior
+
+
+def _cc_keys(header: bytes) -> list[str]:
+    """The `CC` routing keys a message carries (BCC was stripped when it was published)."""
+    if not properties.flags_of(header) & properties.FLAG["headers"]:
+        return []
+    _, raw = properties.split(header)
+    for key, value in properties.table_items(raw["headers"]):
+        if key == "CC" and value[:1] == b"A":
+            return [_s(v) for v in properties.decode_tagged(value)]
+    return []
 
 
 def _s(v):
