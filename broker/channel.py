@@ -66,7 +66,6 @@ class Channel:
         self.next_tag = 1
         self.prefetch_consumer = 0            # basic.qos global=false: applies to later consumers
         self.prefetch_global = 0              # basic.qos global=true: shared by the channel
-        self.flow_active = True
         self.last_queue: str | None = None    # spec: an empty queue name means the last declared one
         # publish assembly: [exchange, routing_key, mandatory, header, body parts, remaining]
         self.pending = None
@@ -81,7 +80,7 @@ class Channel:
     # --- delivery (called by queues) -----------------------------------------------------------
 
     def can_deliver(self) -> bool:
-        return self.state is OPEN and self.flow_active and self.conn.writable()
+        return self.state is OPEN and self.conn.writable()
 
     def deliver(self, consumer: Consumer, queue, m: Message) -> None:
         tag = self.next_tag
@@ -97,7 +96,10 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.conn.capabilities.get("consumer_cancel_notify") and self.state is OPEN:
-            self.conn.send_method(self.number, C.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            # After whatever reply is being written now: RabbitMQ's queue.delete-ok precedes the
+            # basic.cancel it causes (py-amqp relies on that order).
+            self.conn.send_later(wire.method_frame(self.number,
+                                                   C.Basic.Cancel(consumer_tag=consumer.tag, nowait=True)))
 
     # --- methods -------------------------------------------------------------------------------
 
@@ -115,13 +117,14 @@ class Channel:
         raise replies.connection_error(replies.CHANNEL_ERROR, "second 'channel.open' seen")
 
     def on_channel_flow(self, m):
-        self.flow_active = m.active
-        self.reply(C.Channel.FlowOk(active=m.active))
-        if m.active:
-            self._redispatch()
+        # RabbitMQ 3.x no longer lets a client stop deliveries with flow(active=false): 540.
+        if not m.active:
+            raise replies.connection_error(replies.NOT_IMPLEMENTED, "active=false")
+        self.reply(C.Channel.FlowOk(active=True))
 
     def on_channel_flowok(self, m):
-        pass
+        # The broker never sends channel.flow, so a flow-ok is unsolicited.
+        raise replies.connection_error(replies.COMMAND_INVALID, "unexpected channel.flow-ok")
 
     # exchanges
 
@@ -170,8 +173,11 @@ class Channel:
             self.reply(C.Queue.BindOk())
 
     def on_queue_unbind(self, m):
-        q = self._queue_named(m.queue)
-        self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments)
+        # RabbitMQ: unbinding is idempotent (a missing queue, exchange or binding is fine) and does
+        # not check exclusive ownership.
+        q = self.vhost.queues.get(m.queue or self.last_queue or "")
+        if q is not None:
+            self.vhost.unbind_queue(q, m.exchange, m.routing_key, m.arguments)
         self.reply(C.Queue.UnbindOk())
 
     def on_queue_purge(self, m):

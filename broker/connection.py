@@ -34,6 +34,7 @@ class Connection:
         self._header_buf = b""
         self.reader = wire.FrameReader(core.config.frame_max)
         self.out: list[bytes] = []
+        self.later: list[bytes] = []
         self.out_bytes = 0
         self.channels: dict[int, Channel] = {}
         self.closing_channels: set[int] = set()     # we sent channel.close, awaiting close-ok
@@ -70,6 +71,11 @@ class Connection:
 
     write_raw = _write
 
+    def send_later(self, frame: bytes) -> None:
+        """Queue a frame to go after everything written so far in this turn of the loop."""
+        self.later.append(frame)
+        self.core.dirty.add(self)
+
     def write_delivery(self, channel: int, ctag: bytes, tag: int, m) -> None:
         frame = wire.deliver_frame(channel, ctag, tag, m.redelivered, wire.shortstr(m.exchange),
                                    wire.shortstr(m.routing_key))
@@ -84,6 +90,9 @@ class Connection:
             self._write(part)
 
     def data_to_send(self) -> bytes:
+        if self.later:
+            self.out += self.later
+            self.later = []
         if not self.out:
             return b""
         data = b"".join(self.out)
@@ -218,7 +227,7 @@ class Connection:
                 self._exception_on(ch, exc)
         elif ftype == 8:
             if channel:
-                raise replies.connection_error(replies.FRAME_ERROR,
+                raise replies.connection_error(replies.UNEXPECTED_FRAME,
                                                f"heartbeat frame on channel {channel}")
         else:
             raise replies.connection_error(replies.FRAME_ERROR, f"unknown frame type {ftype}")
@@ -241,6 +250,15 @@ class Connection:
         if len(payload) < 4:
             raise replies.connection_error(replies.FRAME_ERROR, "method frame too short")
         method = wire.unmarshal_method(payload)
+        try:
+            self._dispatch_method(channel, method)
+        except replies.AMQPError as exc:
+            # connection.close names the method that caused it, as RabbitMQ's does
+            if not exc.class_id:
+                exc.class_id, exc.method_id = _ids(method)
+            raise
+
+    def _dispatch_method(self, channel: int, method) -> None:
         if channel == 0:
             self._channel0(method)
             return
@@ -264,16 +282,17 @@ class Connection:
             raise replies.connection_error(replies.CHANNEL_ERROR,
                                            f"expected 'channel.open' on channel {channel}")
         if ch.pending is not None:
-            raise replies.connection_error(
+            raise replies.AMQPError(
                 replies.UNEXPECTED_FRAME,
-                f"expected content header for class 60, got non content header frame instead")
+                "expected content header for class 60, got non content header frame instead",
+                hard=True, class_id=60, method_id=40)
         if isinstance(method, C.Channel.Close):
             ch.close()
             del self.channels[channel]
             self.send_method(channel, C.Channel.CloseOk())
             return
         if isinstance(method, C.Channel.CloseOk):
-            return
+            raise replies.connection_error(replies.COMMAND_INVALID, "unexpected channel.close-ok")
         if method.name.startswith("Connection."):
             raise replies.connection_error(replies.COMMAND_INVALID, f"{method.name} on channel {channel}")
         try:
@@ -284,10 +303,11 @@ class Connection:
             self._exception_on(ch, exc)
 
     def _open_channel(self, number: int) -> None:
-        if number > self.channel_max:
+        # RabbitMQ limits how many channels are open at once, not the channel number.
+        if len(self.channels) >= self.channel_max:
             raise replies.connection_error(
                 replies.NOT_ALLOWED,
-                f"number of channels opened ({len(self.channels) + 1}) has reached the negotiated "
+                f"number of channels opened ({len(self.channels)}) has reached the negotiated "
                 f"channel_max ({self.channel_max})")
         self.channels[number] = Channel(self, number)
         self.send_method(number, C.Channel.OpenOk())
@@ -322,8 +342,11 @@ class Connection:
         if method.name not in allowed:
             if self.state is state.CLOSING:
                 return
+            if not method.name.startswith("Connection."):
+                raise replies.connection_error(replies.CHANNEL_ERROR,
+                                               f"unexpected method {method.name} on channel 0")
             raise replies.connection_error(
-                replies.COMMAND_INVALID if self.state is state.OPEN else replies.CHANNEL_ERROR,
+                replies.COMMAND_INVALID,
                 f"unexpected method {method.name} on channel 0 in state {self.state}")
         getattr(self, "_on_" + method.name.split(".")[1].lower())(method)
 
@@ -331,8 +354,15 @@ class Connection:
         self.client_properties = m.client_properties or {}
         caps = self.client_properties.get("capabilities") or {}
         self.capabilities = caps if isinstance(caps, dict) else {}
+        if m.mechanism not in ("PLAIN", "AMQPLAIN"):
+            self.closed = True  # RabbitMQ closes the socket on an unknown mechanism, no frame
+            return
         user, password = self._credentials(m.mechanism, m.response)
         if user is None or self.core.users.get(user) != password:
+            if not self.capabilities.get("authentication_failure_close"):
+                # Without the capability the spec's only signal is a closed socket (RabbitMQ does so).
+                self.closed = True
+                return
             raise replies.connection_error(
                 replies.ACCESS_REFUSED,
                 f"Login was refused using authentication mechanism {m.mechanism}. "
@@ -361,23 +391,21 @@ class Connection:
             login = login.decode() if isinstance(login, bytes) else login
             password = password.decode() if isinstance(password, bytes) else password
             return login, password
-        raise replies.connection_error(replies.COMMAND_INVALID,
-                                       f"unknown authentication mechanism '{mechanism}'")
+        return None, None
 
     def _on_tuneok(self, m) -> None:
         cfg = self.core.config
-        if m.frame_max and m.frame_max < limits.FRAME_MIN_SIZE:
-            raise replies.connection_error(
-                replies.NOT_ALLOWED, f"frame_max={m.frame_max} < {limits.FRAME_MIN_SIZE} min size")
-        if m.frame_max > cfg.frame_max:
-            raise replies.connection_error(
-                replies.NOT_ALLOWED, f"frame_max={m.frame_max} > {cfg.frame_max} max size")
-        if m.channel_max > cfg.channel_max:
-            raise replies.connection_error(
-                replies.NOT_ALLOWED, f"channel_max={m.channel_max} > {cfg.channel_max} max size")
-        self.frame_max = m.frame_max or cfg.frame_max
+        # A tune-ok outside what the server offered (0 means "no limit", which exceeds any offer)
+        # ends the connection; RabbitMQ closes the socket without a close frame at this stage.
+        if not (limits.FRAME_MIN_SIZE <= m.frame_max <= cfg.frame_max
+                and 0 < m.channel_max <= cfg.channel_max):
+            log.info("closing %s: tune-ok frame_max=%s channel_max=%s outside the offer",
+                     self.peer, m.frame_max, m.channel_max)
+            self.closed = True
+            return
+        self.frame_max = m.frame_max
         self.reader.frame_max = self.frame_max
-        self.channel_max = m.channel_max or cfg.channel_max
+        self.channel_max = m.channel_max
         self.heartbeat = m.heartbeat
         self.state = state.AWAIT_OPEN
 

@@ -114,15 +114,20 @@ class TopicExchange(Exchange):
         hit = self._cache.get(routing_key)
         if hit is not None:
             return hit
-        words = routing_key.split(".")
+        words = _words(routing_key)
         out = []
         for dest, binding_key, _ in self.bindings:
-            if dest not in out and topic_matches(binding_key.split("."), words):
+            if dest not in out and topic_matches(_words(binding_key), words):
                 out.append(dest)
         if len(self._cache) > 10000:
             self._cache.clear()
         self._cache[routing_key] = out
         return out
+
+
+def _words(key: str) -> list[str]:
+    """RabbitMQ splits on '.': the empty key has no words, while "." is two empty words."""
+    return key.split(".") if key else []
 
 
 def topic_matches(pattern: list[str], words: list[str]) -> bool:

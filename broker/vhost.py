@@ -49,12 +49,13 @@ class VirtualHost:
         return x
 
     def declare_exchange(self, name, type_, passive, durable, auto_delete, internal, arguments):
-        if passive:
-            return self.get_exchange(name)
         if name == "":
             raise replies.channel_error(replies.ACCESS_REFUSED,
                                         "operation not permitted on the default exchange")
-        if name.startswith("amq."):
+        if passive:
+            return self.get_exchange(name)
+        if name.startswith("amq.") and name not in self.exchanges:
+            # Redeclaring a pre-declared amq.* exchange equivalently is allowed; creating one is not.
             raise replies.channel_error(
                 replies.ACCESS_REFUSED,
                 f"{_rs_exchange(name, self.name)} contains reserved prefix 'amq.*'")
@@ -114,7 +115,12 @@ class VirtualHost:
         src.bind(dst, routing_key, arguments or {})
 
     def unbind_exchange(self, destination, source, routing_key, arguments):
-        src, dst = self._binding_ends(source, destination)
+        if source == "" or destination == "":
+            raise replies.channel_error(replies.ACCESS_REFUSED,
+                                        "operation not permitted on the default exchange")
+        src, dst = self.exchanges.get(source), self.exchanges.get(destination)
+        if src is None or dst is None:
+            return  # RabbitMQ: unbinding what does not exist succeeds
         if src.unbind(dst, routing_key, arguments or {}):
             self._maybe_auto_delete(src)
 
@@ -226,8 +232,8 @@ class VirtualHost:
         if exchange == "":
             raise replies.channel_error(replies.ACCESS_REFUSED,
                                         f"operation not permitted on the default exchange")
-        x = self.get_exchange(exchange)
-        if x.unbind(q, routing_key, arguments or {}):
+        x = self.exchanges.get(exchange)
+        if x is not None and x.unbind(q, routing_key, arguments or {}):
             self._maybe_auto_delete(x)
 
     # --- routing -------------------------------------------------------------------------------

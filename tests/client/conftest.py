@@ -1,0 +1,28 @@
+"""Fixtures for the client tests: our own `Connection` to each broker, closed after the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_amqp.client import Connection
+
+
+@pytest.fixture
+def connect(broker_url):
+    """A factory of `Connection`s to the broker under test (both brokers via `broker_url`)."""
+    opened: list[Connection] = []
+
+    def make(url: str | None = None, **kw) -> Connection:
+        conn = Connection.open(url or broker_url, **kw)
+        opened.append(conn)
+        return conn
+
+    yield make
+    for conn in opened:
+        conn.close(timeout=2)
+
+
+@pytest.fixture
+def channel(connect):
+    """A channel on a fresh connection to the broker under test."""
+    return connect().channel()

@@ -1,0 +1,241 @@
+"""Connection lifecycle over real TCP, against the embedded broker and RabbitMQ (`broker_url`).
+
+Covers: open/close, authentication and vhost errors with the broker's reply codes, unreachable hosts,
+heartbeats kept alive by the reader thread while the caller sleeps, and every kind of connection loss
+(broker stopped, socket reset, network partition = missed heartbeats) making blocked calls raise promptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+
+from broker import Broker
+from client_helpers import Blocked, Proxy, free_port, wait_until
+from spark_amqp.client import (AuthenticationError, ChannelClosedError, ConnectError, Connection,
+                               ConnectionClosedError, ConnectionLostError)
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "Wr0ng-PASSWORD-must-not-leak"
+
+
+def with_password(url: str, password: str) -> str:
+    head, _, rest = url.partition("@")
+    scheme_user = head.rpartition(":")[0]
+    return f"{scheme_user}:{password}@{rest}"
+
+
+def exception_texts(exc: BaseException) -> str:
+    """Everything a user or a log could print about an exception, along its whole chain."""
+    parts = []
+    while exc is not None:
+        parts += [str(exc), repr(exc), repr(exc.args)]
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
+
+
+def test_open_and_close(broker_url, broker_kind):
+    conn = Connection.open(broker_url)
+    assert conn.is_open
+    caps = conn.server_properties["capabilities"]
+    for cap in ("publisher_confirms", "basic.nack", "consumer_cancel_notify", "connection.blocked",
+                "authentication_failure_close"):
+        assert caps.get(cap) is True, cap
+    assert conn.heartbeat == 60 and conn.frame_max == 131072 and conn.channel_max == 2047
+    ch = conn.channel()
+    assert ch.is_open and ch.number == 1
+    assert conn.channel().number == 2
+    ch.close()
+    assert not ch.is_open
+    ch = conn.channel()
+    assert ch.number == 1  # a closed channel's number is free again
+    conn.close()
+    assert not conn.is_open and not ch.is_open
+    assert conn.error.reply_code == 200
+    with pytest.raises(ConnectionClosedError) as info:
+        ch.queue_declare("", exclusive=True)
+    assert info.value.reply_code == 200
+    with pytest.raises(ConnectionClosedError):
+        conn.channel()
+    conn.close()  # idempotent
+
+
+def test_context_manager_closes(broker_url):
+    with Connection.open(broker_url) as conn:
+        with conn.channel() as ch:
+            ch.queue_declare("", exclusive=True)
+        with pytest.raises(ChannelClosedError) as info:
+            ch.queue_declare("", exclusive=True)
+        assert info.value.reply_code == 200
+    assert not conn.is_open
+
+
+def test_uri_query_parameters_are_negotiated(broker_url):
+    with Connection.open(broker_url + "?heartbeat=7&frame_max=8192&channel_max=5") as conn:
+        assert (conn.heartbeat, conn.frame_max, conn.channel_max) == (7, 8192, 5)
+    # explicit keyword arguments win over the URI
+    with Connection.open(broker_url + "?heartbeat=7", heartbeat=9) as conn:
+        assert conn.heartbeat == 9
+
+
+def test_bad_password_is_403_without_the_password(broker_url, caplog):
+    caplog.set_level(logging.DEBUG)
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError) as info:
+        Connection.open(with_password(broker_url, SECRET))
+    assert time.monotonic() - started < 5
+    assert info.value.reply_code == 403
+    assert "ACCESS_REFUSED" in info.value.reply_text
+    assert isinstance(info.value, ConnectionClosedError)
+    assert SECRET not in exception_texts(info.value)
+    assert SECRET not in caplog.text
+
+
+def test_unknown_vhost_is_530(broker_url):
+    url = broker_url.rsplit("/", 1)[0] + "/no-such-vhost"
+    with pytest.raises(ConnectionClosedError) as info:
+        Connection.open(url)
+    assert type(info.value) is ConnectionClosedError
+    assert info.value.reply_code == 530
+    assert "NOT_ALLOWED" in info.value.reply_text and "no-such-vhost" in info.value.reply_text
+
+
+def test_unreachable_port_fails_fast():
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectError) as info:
+        Connection.open(f"amqp://guest:{SECRET}@127.0.0.1:{port}/%2F")
+    assert time.monotonic() - started < 2
+    assert str(port) in str(info.value) and SECRET not in exception_texts(info.value)
+
+
+def test_silent_server_hits_connect_timeout():
+    """A TCP peer that accepts but never answers the protocol header: bounded by connect_timeout."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(ConnectError, match="connection.start"):
+            Connection.open(f"amqp://guest:guest@127.0.0.1:{port}/%2F?connection_timeout=500")
+        assert 0.4 < time.monotonic() - started < 2
+
+
+def test_percent_encoded_credentials_reach_the_broker():
+    user, password = "us@er:1", "p@ss/w:rd%?#"
+    with Broker(port=0, users={user: password}) as broker:
+        url = f"amqp://us%40er%3A1:p%40ss%2Fw%3Ard%25%3F%23@127.0.0.1:{broker.port}/%2F"
+        with Connection.open(url) as conn:
+            assert conn.channel().queue_declare("", exclusive=True).name.startswith("amq.gen-")
+            assert "p@ss" not in repr(conn) and "***" in repr(conn)
+
+
+def test_heartbeats_answered_while_the_caller_sleeps(connect):
+    conn = connect(heartbeat=1)
+    assert conn.heartbeat == 1
+    ch = conn.channel()
+    q = ch.queue_declare("", exclusive=True).name
+    # > two heartbeat intervals without a single call from this thread. A client that stays silent is
+    # dropped by RabbitMQ 3.10 after 3.0 s (TCP reset) and by the embedded broker after 2.0 s (FIN):
+    # see the control test below; 3.5 s is past both.
+    time.sleep(3.5)
+    assert conn.is_open
+    assert ch.queue_declare(q, passive=True).message_count == 0
+
+
+def test_silent_client_is_dropped(connect):
+    """Control for the test above: with our heartbeats switched off, the broker does drop us, and the
+    blocked caller learns it. (Without this, the test above could pass against a broker that never
+    checks heartbeats.)"""
+    conn = connect(heartbeat=1)
+    conn._send_heartbeat = lambda: None
+    ch = conn.channel()
+    ch.basic_consume(ch.queue_declare("", exclusive=True).name)
+    error, elapsed = Blocked(lambda: ch.get_deliveries(10, timeout=15)).join(15)
+    assert isinstance(error, ConnectionClosedError), error
+    assert elapsed < 8
+
+
+def test_broker_stopped_wakes_a_blocked_consumer():
+    broker = Broker(port=0).start()
+    try:
+        conn = Connection.open(broker.url)
+        ch = conn.channel()
+        ch.basic_consume(ch.queue_declare("", exclusive=True).name)
+        blocked = Blocked(lambda: ch.get_deliveries(10, timeout=30))
+        time.sleep(0.2)
+        broker.stop()
+        error, elapsed = blocked.join(10)
+        assert isinstance(error, ConnectionClosedError), error
+        assert elapsed < 3
+        assert not conn.is_open
+        with pytest.raises(ConnectionClosedError):
+            ch.basic_ack(1)
+        conn.close()  # closing a dead connection does not raise
+    finally:
+        broker.stop()
+
+
+def through_proxy(broker_url: str, **kw):
+    proxy = Proxy.to(broker_url)
+    return proxy, Connection.open(proxy.url_for(broker_url), **kw)
+
+
+def test_socket_reset_wakes_blocked_calls(broker_url):
+    proxy, conn = through_proxy(broker_url)
+    try:
+        consumer = conn.channel()
+        consumer.basic_consume(consumer.queue_declare("", exclusive=True).name)
+        get = Blocked(lambda: consumer.get_deliveries(10, timeout=30))
+        time.sleep(0.2)
+        proxy.kill()
+        error, elapsed = get.join(10)
+        assert isinstance(error, ConnectionLostError), error
+        assert error.reply_code is None and elapsed < 2
+    finally:
+        proxy.kill()
+        conn.close(timeout=1)
+
+
+def test_missed_heartbeats_wake_blocked_calls(broker_url):
+    """A network partition: no RST, no FIN, just silence. Spec 4.2.7: after two heartbeat intervals
+    without traffic the connection is dead; every blocked call (a consumer waiting, a publisher waiting
+    for window space, an RPC waiting for its reply) must raise."""
+    proxy, conn = through_proxy(broker_url, heartbeat=1)
+    try:
+        consumer = conn.channel()
+        q = consumer.queue_declare("", exclusive=True).name
+        consumer.basic_consume(q)
+        publisher = conn.channel()
+        publisher.confirm_select(window=1)
+        rpc_channel = conn.channel()
+        proxy.freeze()
+        publisher.publish("", q, b"one")  # fills the window: its confirm cannot come back
+        calls = [Blocked(lambda: consumer.get_deliveries(10, timeout=30)),
+                 Blocked(lambda: publisher.publish("", q, b"two")),
+                 Blocked(lambda: rpc_channel.queue_declare(q, passive=True))]
+        for call in calls:
+            error, elapsed = call.join(10)
+            assert isinstance(error, ConnectionLostError), error
+            assert "missed heartbeats" in str(error)
+            assert 1.5 < elapsed < 4
+    finally:
+        proxy.kill()
+        conn.close(timeout=1)
+
+
+def test_connection_blocked_and_unblocked_are_tracked():
+    """Embedded broker only (RabbitMQ's memory alarm cannot be raised on the shared server): crossing
+    the memory high-watermark sends connection.blocked to publishers that announced the capability."""
+    with Broker(port=0, memory_high_watermark=4096) as broker:
+        with Connection.open(broker.url) as publisher, Connection.open(broker.url) as admin:
+            assert publisher.blocked is None
+            ch = publisher.channel()
+            q = ch.queue_declare("big").name
+            for _ in range(10):
+                ch.publish("", q, b"x" * 1000)
+            wait_until(lambda: publisher.blocked is not None, message="no connection.blocked")
+            assert admin.channel().queue_purge(q) == 10
+            wait_until(lambda: publisher.blocked is None, message="no connection.unblocked")
