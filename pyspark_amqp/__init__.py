@@ -1,4 +1,6 @@
-"""Shim so that PySpark's discovery of top-level `pyspark_*` modules finds the `amqp` data source.
+"""Shim so PySpark's discovery of top-level `pyspark_*` modules finds the `amqp` data source:
+`format("amqp")` then works with no `register` call."""
 
-`DefaultSource` is bound here once the connector's DataSource exists (issue 4).
-"""
+from spark_amqp.datasource import AMQPDataSource as DefaultSource
+
+__all__ = ["DefaultSource"]

@@ -1,6 +1,16 @@
-"""spark-amqp: the PySpark Structured Streaming connector for AMQP 0-9-1.
+"""spark-amqp: the PySpark Structured Streaming connector for AMQP 0-9-1 (RabbitMQ).
 
-The source and sink arrive with issues 3 and 4; this package holds their shared pieces as they land.
+    spark.readStream.format("amqp").option("uri", ...).option("queue", "events").load()
+    df.writeStream.format("amqp").option("uri", ...).option("exchange", "results").start()
+
+`format("amqp")` works without registration (PySpark discovers the `pyspark_amqp` module);
+`spark_amqp.register(spark)` registers the data source explicitly.
 """
 
 __version__ = "0.1.0"
+
+
+def register(spark) -> None:
+    """Register the `amqp` data source with a SparkSession (needed only where discovery is off)."""
+    from .datasource import AMQPDataSource
+    spark.dataSource.register(AMQPDataSource)

@@ -76,3 +76,28 @@ def unique_name(request):
         return f"{prefix or base}-{uuid.uuid4().hex[:10]}"
 
     return make
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole test session (a start costs about 8 s).
+
+    Workers must run this interpreter (else "worker failed to connect back"), and the connector must be
+    installed so workers can import it.
+    """
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("spark-amqp-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+               .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,459 @@
+"""`Channel`: synchronous RPCs, a delivery queue, and a publisher with pipelined confirms.
+
+Threading: a channel is used by one caller thread at a time; the connection's reader thread feeds it
+(`_on_*` methods) and wakes waiters through one condition. The reader never blocks on a channel, and the
+caller never holds the condition while writing to the socket, so neither can stall the other.
+
+RPCs (spec 2.3.5: "synchronous" methods) send a method and wait for its -ok with a timeout; at most one
+is in flight per channel, which is what makes matching a reply to its request unambiguous (spec 4.2.5:
+a peer answers synchronous requests on a channel in order). An RPC that times out leaves the channel in
+an unknown state, so the channel is closed and every later call raises the timeout.
+
+Publisher confirms (RabbitMQ extension, https://www.rabbitmq.com/confirms.html): after confirm.select the
+broker numbers published messages 1, 2, 3... on the channel and acks or nacks them, possibly several at
+once (multiple=true covers every tag up to delivery-tag). `publish` pipelines: it blocks only when
+`window` messages are unconfirmed. A mandatory message that cannot be routed comes back as basic.return
+*before* its ack, so by the time `wait_for_confirms` sees nothing outstanding it has seen every return.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import NamedTuple
+
+from pamqp import commands
+
+from . import frames
+from .errors import (REPLY_SUCCESS, AMQPError, AMQPTimeoutError, ChannelClosedError, ConnectionClosedError,
+                     ConsumerCancelledError, PublishNackedError, UnroutableError)
+from .frames import Delivery, Returned, build, encode_ack, encode_properties, encode_publish, method_frame
+
+DEFAULT_WINDOW = 1000   # unconfirmed messages in flight; what the broker benchmark (issue 2) uses with pika
+MAX_KEPT_RETURNS = 100  # returned messages kept for inspection; all are counted
+
+
+class QueueInfo(NamedTuple):
+    """queue.declare-ok: the (possibly server-generated) name and the queue's counts."""
+
+    name: str
+    message_count: int
+    consumer_count: int
+
+
+class Channel:
+    """An open AMQP channel. Methods raise `ChannelClosedError` / `ConnectionClosedError` once closed."""
+
+    def __init__(self, connection, number: int):
+        self.connection = connection
+        self.number = number
+        self._cond = threading.Condition()
+        self._rpc_lock = threading.Lock()
+        self._rpc_expect: tuple | None = None
+        self._rpc_result = None
+        self._error: AMQPError | None = None
+        self._opened = False
+        # consuming
+        self._deliveries: collections.deque[Delivery] = collections.deque()
+        self._consumers: set[str] = set()
+        self._broker_cancelled: list[str] = []
+        # publishing
+        self._shortstr: dict[str, bytes] = {}
+        self._confirming = False
+        self._window = DEFAULT_WINDOW
+        self._next_seq = 1
+        self._pending: collections.deque[int] = collections.deque()  # unconfirmed tags, ascending
+        self._singly_done: set[int] = set()  # tags confirmed out of order, still in _pending
+        self._published = 0   # since the last wait_for_confirms
+        self._nacked = 0
+        self._returned: list[Returned] = []
+        self._return_count = 0
+        self.flow_active = True
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def _open(self) -> None:
+        self._rpc(build(commands.Channel.Open), (commands.Channel.OpenOk,))
+        self._opened = True
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened and self._error is None
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close cleanly (channel.close 200 / close-ok); idempotent; unacked deliveries are requeued
+        by the broker."""
+        if self._error is not None:
+            return
+        try:
+            self._rpc(commands.Channel.Close(reply_code=REPLY_SUCCESS, reply_text="Normal shutdown",
+                                             class_id=0, method_id=0), (commands.Channel.CloseOk,), timeout)
+        except (ChannelClosedError, ConnectionClosedError):
+            pass  # closed by the other side meanwhile: closed either way
+        self._fail(ChannelClosedError(REPLY_SUCCESS, "channel closed by the client"))
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "open" if self._error is None else f"closed: {self._error}"
+        return f"<Channel {self.number} of {self.connection.uri} {state}>"
+
+    # ---------------------------------------------------------------------------------------- RPCs
+
+    def _rpc(self, method, expect: tuple, timeout: float | None = None):
+        timeout = self.connection.rpc_timeout if timeout is None else timeout
+        with self._rpc_lock:
+            with self._cond:
+                if self._error is not None:
+                    raise self._error.fresh()
+                self._rpc_expect, self._rpc_result = expect, None
+            self.connection._send(method_frame(self.number, method))
+            deadline = time.monotonic() + timeout
+            with self._cond:
+                while self._rpc_result is None:
+                    if self._error is not None:
+                        self._rpc_expect = None
+                        raise self._error.fresh()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._rpc_expect = None
+                        break
+                    self._cond.wait(remaining)
+                else:
+                    result, self._rpc_result, self._rpc_expect = self._rpc_result, None, None
+                    return result
+        error = AMQPTimeoutError(f"no reply to {method.name} on channel {self.number} of "
+                                 f"{self.connection.uri} within {timeout} s")
+        self._poison(error)
+        raise error
+
+    def _poison(self, error: AMQPError) -> None:
+        """After a lost reply the channel's state is unknown: ask the broker to close it, refuse any
+        further use."""
+        self._fail(error)
+        try:
+            self.connection._send(method_frame(self.number, commands.Channel.Close(
+                reply_code=REPLY_SUCCESS, reply_text="client timeout", class_id=0, method_id=0)))
+        except AMQPError:
+            pass
+
+    def exchange_declare(self, exchange: str, exchange_type: str = "direct", *, passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False, internal: bool = False,
+                         arguments: dict | None = None) -> None:
+        self._rpc(build(commands.Exchange.Declare, exchange=exchange, exchange_type=exchange_type,
+                        passive=passive, durable=durable, auto_delete=auto_delete, internal=internal,
+                        arguments=arguments or {}), (commands.Exchange.DeclareOk,))
+
+    def exchange_delete(self, exchange: str, *, if_unused: bool = False) -> None:
+        self._rpc(build(commands.Exchange.Delete, exchange=exchange, if_unused=if_unused),
+                  (commands.Exchange.DeleteOk,))
+
+    def exchange_bind(self, destination: str, source: str, routing_key: str = "",
+                      arguments: dict | None = None) -> None:
+        self._rpc(build(commands.Exchange.Bind, destination=destination, source=source,
+                        routing_key=routing_key, arguments=arguments or {}), (commands.Exchange.BindOk,))
+
+    def queue_declare(self, queue: str = "", *, passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False,
+                      arguments: dict | None = None) -> QueueInfo:
+        """Declare (or with passive=True, look up: 404 if absent) a queue; returns its name and counts."""
+        ok = self._rpc(build(commands.Queue.Declare, queue=queue, passive=passive, durable=durable,
+                             exclusive=exclusive, auto_delete=auto_delete, arguments=arguments or {}),
+                       (commands.Queue.DeclareOk,))
+        return QueueInfo(ok.queue, ok.message_count, ok.consumer_count)
+
+    def queue_bind(self, queue: str, exchange: str, routing_key: str = "",
+                   arguments: dict | None = None) -> None:
+        self._rpc(build(commands.Queue.Bind, queue=queue, exchange=exchange, routing_key=routing_key,
+                        arguments=arguments or {}), (commands.Queue.BindOk,))
+
+    def queue_unbind(self, queue: str, exchange: str, routing_key: str = "",
+                     arguments: dict | None = None) -> None:
+        self._rpc(build(commands.Queue.Unbind, queue=queue, exchange=exchange, routing_key=routing_key,
+                        arguments=arguments or {}), (commands.Queue.UnbindOk,))
+
+    def queue_purge(self, queue: str) -> int:
+        """Remove the queue's ready messages; returns how many."""
+        return self._rpc(build(commands.Queue.Purge, queue=queue), (commands.Queue.PurgeOk,)).message_count
+
+    def queue_delete(self, queue: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
+        """Delete the queue; returns how many messages it held."""
+        return self._rpc(build(commands.Queue.Delete, queue=queue, if_unused=if_unused, if_empty=if_empty),
+                         (commands.Queue.DeleteOk,)).message_count
+
+    def basic_qos(self, prefetch_count: int, global_: bool = False, prefetch_size: int = 0) -> None:
+        """Prefetch limit. RabbitMQ: global_=False limits each consumer, True the whole channel."""
+        self._rpc(commands.Basic.Qos(prefetch_size=prefetch_size, prefetch_count=prefetch_count,
+                                     global_=global_), (commands.Basic.QosOk,))
+
+    def basic_recover(self, requeue: bool = True) -> None:
+        self._rpc(commands.Basic.Recover(requeue=requeue), (commands.Basic.RecoverOk,))
+
+    # ------------------------------------------------------------------------------------ consuming
+
+    def basic_consume(self, queue: str, no_ack: bool = False, arguments: dict | None = None, *,
+                      exclusive: bool = False, consumer_tag: str = "") -> str:
+        """Start a consumer; its deliveries queue up for `get_deliveries`. Returns the consumer tag."""
+        ok = self._rpc(build(commands.Basic.Consume, queue=queue, consumer_tag=consumer_tag, no_ack=no_ack,
+                             exclusive=exclusive, arguments=arguments or {}), (commands.Basic.ConsumeOk,))
+        self._consumers.add(ok.consumer_tag)
+        return ok.consumer_tag
+
+    def basic_cancel(self, consumer_tag: str) -> None:
+        """Stop a consumer. Deliveries already received stay queued (and may still be acked)."""
+        self._rpc(commands.Basic.Cancel(consumer_tag=consumer_tag), (commands.Basic.CancelOk,))
+        self._consumers.discard(consumer_tag)
+
+    @property
+    def consumer_tags(self) -> frozenset[str]:
+        return frozenset(self._consumers)
+
+    def get_deliveries(self, max_count: int, timeout: float = 0.0) -> list[Delivery]:
+        """Up to `max_count` received deliveries, oldest first.
+
+        Returns as soon as at least one delivery is queued; waits up to `timeout` seconds for the first
+        one, then returns []. Raises the channel's or connection's error once it is closed (even with
+        deliveries queued: they can no longer be acked, and the broker requeues them), and
+        `ConsumerCancelledError` when the broker cancelled a consumer and nothing is queued.
+        """
+        deadline = None
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error.fresh()
+                if self._deliveries:
+                    break
+                if self._broker_cancelled:
+                    tags, self._broker_cancelled = self._broker_cancelled, []
+                    raise ConsumerCancelledError(tags)
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._cond.wait(remaining)
+            queue = self._deliveries
+            count = min(max_count, len(queue))
+            popleft = queue.popleft
+            return [popleft() for _ in range(count)]
+
+    @property
+    def pending_deliveries(self) -> int:
+        """Deliveries received and not yet taken by get_deliveries."""
+        return len(self._deliveries)
+
+    def basic_get(self, queue: str, no_ack: bool = False, timeout: float | None = None) -> Delivery | None:
+        """One message from the queue (basic.get), or None when it is empty."""
+        reply = self._rpc(build(commands.Basic.Get, queue=queue, no_ack=no_ack),
+                          (Delivery, commands.Basic.GetEmpty), timeout)
+        return reply if isinstance(reply, Delivery) else None
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self._check()
+        self.connection._send(encode_ack(self.number, delivery_tag, multiple))
+
+    def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        self._check()
+        self.connection._send(method_frame(self.number, commands.Basic.Nack(
+            delivery_tag=delivery_tag, multiple=multiple, requeue=requeue)))
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self._check()
+        self.connection._send(method_frame(self.number, commands.Basic.Reject(
+            delivery_tag=delivery_tag, requeue=requeue)))
+
+    # ----------------------------------------------------------------------------------- publishing
+
+    def confirm_select(self, window: int = DEFAULT_WINDOW) -> None:
+        """Enter confirm mode; `publish` then keeps at most `window` messages unconfirmed."""
+        if window < 1:
+            raise ValueError(f"window must be >= 1, not {window}")
+        self._rpc(commands.Confirm.Select(), (commands.Confirm.SelectOk,))
+        self._confirming = True
+        self._window = window
+
+    @property
+    def unconfirmed(self) -> int:
+        """Published messages the broker has neither acked nor nacked yet."""
+        return len(self._pending) - len(self._singly_done)
+
+    def publish(self, exchange: str, routing_key: str, body, properties=None, mandatory: bool = False,
+                timeout: float | None = None) -> int | None:
+        """Publish one message; returns its confirm sequence number in confirm mode (else None).
+
+        `properties`: None, pre-encoded content-header property bytes (fastest; e.g. a
+        `Delivery.properties_raw`), a dict of Basic.Properties fields, or a pamqp Basic.Properties.
+        `body`: bytes-like, or str (sent as UTF-8). In confirm mode blocks while `window` messages are
+        unconfirmed, up to `timeout` seconds (None: until the connection fails).
+        """
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        props = properties if type(properties) is bytes else encode_properties(properties)
+        ex = self._shortstr.get(exchange) or self._intern(exchange)
+        rk = self._shortstr.get(routing_key) or self._intern(routing_key)
+        data = encode_publish(self.number, ex, rk, mandatory, props, body, self.connection.frame_max)
+        seq = None
+        if self._confirming:
+            with self._cond:
+                if len(self._pending) - len(self._singly_done) >= self._window:
+                    self._wait_window(timeout)
+                if self._error is not None:
+                    raise self._error.fresh()
+                seq = self._next_seq
+                self._next_seq = seq + 1
+                self._pending.append(seq)
+                self._published += 1
+        elif self._error is not None:
+            raise self._error.fresh()
+        self.connection._send(data)
+        return seq
+
+    def _intern(self, text: str) -> bytes:
+        raw = frames.shortstr(text)
+        if len(self._shortstr) < 1024:
+            self._shortstr[text] = raw
+        return raw
+
+    def _wait_window(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._pending) - len(self._singly_done) >= self._window:
+            if self._error is not None:
+                raise self._error.fresh()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise AMQPTimeoutError(f"{self.unconfirmed} published message(s) still unconfirmed after "
+                                       f"{timeout} s (window {self._window})")
+            self._cond.wait(remaining)
+
+    def wait_for_confirms(self, timeout: float | None = None) -> int:
+        """Wait until every published message is confirmed; returns how many were published since the
+        last call. Raises `PublishNackedError` (naming how many were nacked) or `UnroutableError`
+        (mandatory messages returned, naming the first one's exchange and routing key), and resets."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._confirming and len(self._pending) - len(self._singly_done) > 0:
+                if self._error is not None:
+                    raise self._error.fresh()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise AMQPTimeoutError(f"{self.unconfirmed} of {self._published} published message(s) "
+                                           f"still unconfirmed after {timeout} s")
+                self._cond.wait(remaining)
+            if self._error is not None:
+                raise self._error.fresh()
+            published, nacked = self._published, self._nacked
+            returned, return_count = self._returned, self._return_count
+            self._published = self._nacked = self._return_count = 0
+            self._returned = []
+        if nacked:
+            raise PublishNackedError(nacked, published)
+        if return_count:
+            first = returned[0]
+            raise UnroutableError(first.reply_code, first.reply_text, first.exchange, first.routing_key,
+                                  return_count)
+        return published
+
+    def take_returns(self) -> list[Returned]:
+        """Returned messages kept so far (up to MAX_KEPT_RETURNS), and forget them."""
+        with self._cond:
+            returned, self._returned, self._return_count = self._returned, [], 0
+        return returned
+
+    # ------------------------------------------------------------------- fed by the reader thread
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error.fresh()
+
+    def _on_delivery(self, delivery: Delivery) -> None:
+        if delivery.consumer_tag is None:  # basic.get-ok answers an RPC
+            self._rpc_reply(delivery)
+        else:
+            self._deliveries.append(delivery)  # deque.append is atomic; _wake() notifies per batch
+
+    def _on_return(self, msg: Returned) -> None:
+        with self._cond:
+            self._return_count += 1
+            if len(self._returned) < MAX_KEPT_RETURNS:
+                self._returned.append(msg)
+
+    def _on_confirm(self, confirm) -> None:
+        tag = confirm.delivery_tag
+        with self._cond:
+            pending, done = self._pending, self._singly_done
+            if confirm.multiple:
+                count = 0
+                while pending and pending[0] <= tag:
+                    seq = pending.popleft()
+                    if seq in done:
+                        done.discard(seq)
+                    else:
+                        count += 1
+            else:
+                count = 1
+                if pending and pending[0] == tag:
+                    pending.popleft()
+                    while pending and pending[0] in done:
+                        done.discard(pending.popleft())
+                else:
+                    done.add(tag)
+            if not confirm.ack:
+                self._nacked += count
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _rpc_reply(self, reply) -> None:
+        with self._cond:
+            if self._rpc_expect is not None and isinstance(reply, self._rpc_expect):
+                self._rpc_result = reply
+                self._rpc_expect = None
+                self._cond.notify_all()
+
+    def _on_method(self, method) -> None:
+        conn = self.connection
+        if isinstance(method, commands.Channel.Close):
+            # Spec 1.5.2.5: the peer that receives channel.close answers close-ok and discards the channel.
+            try:
+                conn._send(method_frame(self.number, commands.Channel.CloseOk()))
+            except AMQPError:
+                pass
+            self._fail(ChannelClosedError(method.reply_code, method.reply_text, method.class_id,
+                                          method.method_id))
+            conn._release(self.number)
+        elif isinstance(method, commands.Channel.CloseOk):
+            self._rpc_reply(method)
+            self._fail(ChannelClosedError(REPLY_SUCCESS, "channel closed by the client"))
+            conn._release(self.number)
+        elif isinstance(method, commands.Basic.Cancel):
+            # consumer_cancel_notify: the queue went away (deleted, or its node failed).
+            if not method.nowait:
+                try:
+                    conn._send(method_frame(self.number,
+                                            commands.Basic.CancelOk(consumer_tag=method.consumer_tag)))
+                except AMQPError:
+                    pass
+            with self._cond:
+                self._consumers.discard(method.consumer_tag)
+                self._broker_cancelled.append(method.consumer_tag)
+                self._cond.notify_all()
+        elif isinstance(method, commands.Channel.Flow):
+            self.flow_active = method.active
+            try:
+                conn._send(method_frame(self.number, commands.Channel.FlowOk(active=method.active)))
+            except AMQPError:
+                pass
+        else:
+            self._rpc_reply(method)
+
+    def _fail(self, error: AMQPError) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()

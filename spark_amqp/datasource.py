@@ -1,0 +1,39 @@
+"""The `amqp` data source: `spark.readStream/read.format("amqp")` and `writeStream/write.format("amqp")`.
+
+Thin: it validates options (options.py) and hands out the reader and writer classes, which are thin in turn
+over the AMQP client. Everything here is pickled to Python workers, so it holds only plain values.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+
+from . import options as opts
+from .schema import SCHEMA
+
+
+class AMQPDataSource(DataSource):
+    """format("amqp"). Runs on the driver (planning) and is pickled to executors."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "amqp"
+
+    def schema(self):
+        return SCHEMA
+
+    def streamReader(self, schema):
+        from .source.stream_reader import QueueStreamReader
+        return QueueStreamReader(opts.parse(self.options, "source"))
+
+    def reader(self, schema):
+        from .source.batch_reader import QueueBatchReader
+        return QueueBatchReader(opts.parse(self.options, "source"))
+
+    def writer(self, schema, overwrite: bool):
+        from .sink.writer import AMQPWriter
+        return AMQPWriter(opts.parse(self.options, "sink"), schema)
+
+    def streamWriter(self, schema, overwrite: bool):
+        from .sink.writer import AMQPStreamWriter
+        return AMQPStreamWriter(opts.parse(self.options, "sink"), schema)

@@ -1,0 +1,200 @@
+"""Every option of the `amqp` source and sink: name, default, check, and what it means.
+
+Options are camelCase like Spark's Kafka source and case-insensitive. `parse(options, role)` validates all
+of them when a query starts and raises `OptionError` naming the option, the value and what is allowed.
+Credentials never appear in errors: a bad `uri` is reported with its password replaced by `***`.
+The README's options table is this module's table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .client.uri import parse_uri, redact
+
+
+class OptionError(ValueError):
+    """A bad option value: says which option, the value given, and what is allowed."""
+
+    def __init__(self, name: str, value: Any, allowed: str):
+        shown = redact(value) if name == "uri" and isinstance(value, str) else value
+        super().__init__(f"option '{name}': got {shown!r}; {allowed}")
+        self.option = name
+
+
+def _positive_int(name, value):
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise OptionError(name, value, "expected a positive integer") from None
+    if n <= 0:
+        raise OptionError(name, value, "expected a positive integer")
+    return n
+
+
+def _bool(name, value):
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise OptionError(name, value, "expected true or false")
+
+
+def _choice(*allowed):
+    def check(name, value):
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise OptionError(name, value, "allowed: " + ", ".join(allowed))
+        return text
+    return check
+
+
+def _json_object(name, value):
+    try:
+        doc = json.loads(value)
+    except ValueError as exc:
+        raise OptionError(name, value, f"expected a JSON object ({exc})") from None
+    if not isinstance(doc, dict):
+        raise OptionError(name, value, "expected a JSON object, e.g. {\"x-max-length\": 1000}")
+    return doc
+
+
+def _names(name, value):
+    names = [n.strip() for n in str(value).split(",")]
+    if not all(names):
+        raise OptionError(name, value, "expected a comma-separated list of non-empty names")
+    if len(set(names)) != len(names):
+        raise OptionError(name, value, "a name is listed twice")
+    for n in names:
+        if len(n.encode()) > 255:
+            raise OptionError(name, value, "names are at most 255 bytes")
+    return names
+
+
+def _keys(name, value):
+    return [k.strip() for k in str(value).split(",")]
+
+
+def _uri(name, value):
+    try:
+        parse_uri(str(value))
+    except Exception as exc:  # the parser's message never includes the password
+        raise OptionError(name, value, f"expected amqp://user:password@host:port/vhost ({exc})") from None
+    return str(value)
+
+
+def _shortstr(name, value):
+    if len(str(value).encode()) > 255:
+        raise OptionError(name, value, "at most 255 bytes")
+    return str(value)
+
+
+def _seconds(name, value):
+    try:
+        n = float(str(value).strip())
+    except ValueError:
+        raise OptionError(name, value, "expected a number of seconds > 0") from None
+    if n <= 0:
+        raise OptionError(name, value, "expected a number of seconds > 0")
+    return n
+
+
+def _text(name, value):
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    roles: str             # "source", "sink" or "both"
+    default: Any
+    check: Callable
+    doc: str
+
+
+OPTIONS = (
+    Option("uri", "both", None, _uri,
+           "Broker URI `amqp://user:password@host:port/vhost` (vhost percent-encoded: `/%2F` is `/`). Required."),
+    Option("queue", "source", None, _names,
+           "Queue(s) to consume, comma-separated. Required for the source."),
+    Option("exchange", "both", None, _shortstr,
+           "Source: exchange to bind the queue(s) to (with `declare=declare`). Sink: default exchange for "
+           "rows without an `exchange` column (default: the default exchange `\"\"`)."),
+    Option("routingKey", "sink", None, _shortstr,
+           "Sink: default routing key for rows without a `routing_key` column."),
+    Option("bindingKeys", "source", None, _keys,
+           "Source: binding keys for the queue-to-exchange bindings, comma-separated (default: the queue name)."),
+    Option("declare", "source", "passive", _choice("none", "passive", "declare"),
+           "Source: `passive` checks the queue exists (a clear error if not); `declare` declares it (and "
+           "binds it to `exchange`); `none` does neither."),
+    Option("queueArguments", "source", None, _json_object,
+           "Source: JSON object of queue arguments used with `declare=declare`, e.g. `{\"x-max-length\": 1000}`."),
+    Option("durable", "source", True, _bool, "Source: declare the queue durable (with `declare=declare`)."),
+    Option("prefetch", "source", None, _positive_int,
+           "Source: basic.qos prefetch per queue (default: 2 x maxMessagesPerTrigger, at least 1000) — "
+           "two batches in flight never stall the stream."),
+    Option("maxMessagesPerTrigger", "source", None, _positive_int,
+           "Source: most messages in one micro-batch (default: no limit beyond prefetch)."),
+    Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),
+           "Source: `classic` and `quorum` consume with acks; `stream` is not implemented yet."),
+    Option("ack", "source", False, _bool,
+           "Batch read (`spark.read`): ack what was read once the read completes (default: return it to the queue)."),
+    Option("maxMessages", "source", None, _positive_int,
+           "Batch read: read at most this many messages (default: what the queue holds now)."),
+    Option("mandatory", "sink", False, _bool,
+           "Sink: publish with mandatory=true; an unroutable row fails the task naming exchange and key."),
+    Option("confirmTimeout", "sink", 60.0, _seconds,
+           "Sink: seconds a task waits for outstanding publisher confirms before it fails."),
+    Option("publishWindow", "sink", 1000, _positive_int,
+           "Sink: most unconfirmed publishes in flight per task."),
+    Option("messageId", "sink", "none", _choice("none", "deterministic"),
+           "Sink: `deterministic` gives rows without a message_id one derived from (query id, batch, "
+           "partition, row), so consumers can drop duplicates after a retried task."),
+    Option("ignoreUnknownColumns", "sink", False, _bool,
+           "Sink: ignore columns that are not part of the row schema (default: they are an error)."),
+    Option("heartbeat", "both", 60, _positive_int, "Heartbeat interval (seconds) asked of the broker."),
+    Option("connectTimeout", "both", 10.0, _seconds, "Seconds to wait for a TCP connection and handshake."),
+)
+BY_KEY = {o.name.lower(): o for o in OPTIONS}
+
+
+class Options(dict):
+    """Validated options by their canonical camelCase name (a plain dict, so it pickles)."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:  # never show the password (plans, logs, tracebacks)
+        return repr({k: redact(v) if k == "uri" and v else v for k, v in self.items()})
+
+    __str__ = __repr__
+
+
+def parse(options, role: str) -> Options:
+    """Validate `options` (a mapping, keys in any case) for `role` = "source" or "sink"."""
+    out = Options({o.name: o.default for o in OPTIONS if o.roles in (role, "both")})
+    for key, value in dict(options).items():
+        opt = BY_KEY.get(str(key).lower())
+        if key.lower() in ("path", "checkpointlocation") or opt is None and key.lower().startswith("spark."):
+            continue
+        if opt is None:
+            allowed = ", ".join(o.name for o in OPTIONS if o.roles in (role, "both"))
+            raise OptionError(key, "…" if "uri" in key.lower() else value,
+                              f"unknown option for the amqp {role}; known options: {allowed}")
+        if opt.roles not in (role, "both"):
+            raise OptionError(opt.name, value, f"this option applies to the {opt.roles} only")
+        out[opt.name] = opt.check(opt.name, value)
+    if out.get("uri") is None:
+        raise OptionError("uri", None, "required: the broker URI amqp://user:password@host:port/vhost")
+    if role == "source":
+        if not out.get("queue"):
+            raise OptionError("queue", None, "required: the queue(s) to consume")
+        if out["queueType"] == "stream":
+            raise OptionError("queueType", "stream", "stream queues are not supported yet; use classic or quorum")
+        if out.get("bindingKeys") is not None and not out.get("exchange"):
+            raise OptionError("bindingKeys", ",".join(out["bindingKeys"]), "needs the option 'exchange'")
+    return out

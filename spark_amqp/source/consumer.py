@@ -1,0 +1,210 @@
+"""The driver's side of queue mode: one connection, a manual-ack consumer per queue, batches of
+deliveries taken from them, and acks when Spark says a batch is committed.
+
+Knows nothing of Spark. `take()` hands out deliveries already received (the consumers' prefetch keeps them
+flowing while Spark runs a batch); `ack_through(seq)` acks every batch numbered `seq` or lower with one
+`basic.ack(multiple)` per channel. A lost channel or connection is reopened with backoff on the next call;
+deliveries taken on a dead channel are never acked (their tags mean nothing on a new channel): the broker
+redelivers them, which is the at-least-once promise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
+                      ConsumerCancelledError)
+from ..client.uri import redact
+
+log = logging.getLogger("spark_amqp.source")
+
+# The most a basic.qos prefetch-count can say (a 16-bit field, spec 1.8.3.1).
+PREFETCH_MAX = 65535
+DEFAULT_PREFETCH = 65535
+RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+class SourceError(RuntimeError):
+    """A problem the user must fix (missing queue, refused credentials, unreachable broker)."""
+
+
+@dataclass
+class QueueState:
+    name: str
+    channel: object = None
+    consumer_tag: str | None = None
+
+
+@dataclass
+class Batch:
+    """Deliveries of one micro-batch, and per channel the highest delivery tag to ack."""
+    seq: int
+    deliveries: list = field(default_factory=list)      # [(queue name, [Delivery, ...]), ...]
+    ack_tags: list = field(default_factory=list)        # [(channel, highest tag), ...]
+
+    @property
+    def count(self) -> int:
+        return sum(len(ds) for _, ds in self.deliveries)
+
+
+class QueueConsumer:
+    def __init__(self, options):
+        self.options = options
+        self.queues = [QueueState(name) for name in options["queue"]]
+        self.prefetch = min(options.get("prefetch") or _default_prefetch(options), PREFETCH_MAX)
+        self.conn: Connection | None = None
+        self.batches: dict[int, Batch] = {}
+        self._failures = 0
+        self._next_attempt = 0.0
+
+    # --- session ---------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Open the connection and one consuming channel per queue (declaring/binding as asked).
+
+        User errors (bad credentials, missing queue, unreachable broker on the first connect) raise
+        SourceError with a message that names the problem and never the password."""
+        uri = self.options["uri"]
+        try:
+            self.conn = Connection.open(uri, heartbeat=self.options.get("heartbeat", 60),
+                                        connect_timeout=self.options.get("connectTimeout", 10.0))
+        except AuthenticationError as exc:
+            raise SourceError(f"the broker refused the credentials for {redact(uri)}: {exc}") from None
+        except ConnectError as exc:
+            raise SourceError(f"cannot reach the AMQP broker: {exc}") from None
+        try:
+            for q in self.queues:
+                self._open_queue(q)
+        except ChannelClosedError as exc:
+            self.close()
+            if exc.reply_code == 404:
+                raise SourceError(
+                    f"queue or exchange not found on {redact(uri)}: {exc.reply_text} (declare it first, "
+                    "or set option declare=declare)") from None
+            raise SourceError(f"cannot consume from {self.options['queue']} on {redact(uri)}: {exc}") from None
+        self._failures = 0
+
+    def _open_queue(self, q: QueueState) -> None:
+        o = self.options
+        ch = self.conn.channel()
+        mode = o.get("declare", "passive")
+        if mode == "declare":
+            ch.queue_declare(q.name, durable=o.get("durable", True), arguments=o.get("queueArguments") or {})
+            if o.get("exchange"):
+                for key in o.get("bindingKeys") or [q.name]:
+                    ch.queue_bind(q.name, o["exchange"], key)
+        elif mode == "passive":
+            ch.queue_declare(q.name, passive=True)
+        ch.basic_qos(self.prefetch)
+        q.channel = ch
+        q.consumer_tag = ch.basic_consume(q.name)
+
+    def ensure_connected(self) -> bool:
+        """Reconnect after a loss, with backoff; False while waiting for the next attempt."""
+        if self.conn is not None and self.conn.is_open and all(
+                q.channel is not None and q.channel.is_open for q in self.queues):
+            return True
+        now = time.monotonic()
+        if now < self._next_attempt:
+            return False
+        self.close()
+        try:
+            self.connect()
+        except (SourceError, AMQPError, OSError) as exc:
+            delay = RECONNECT_BACKOFF[min(self._failures, len(RECONNECT_BACKOFF) - 1)]
+            self._failures += 1
+            self._next_attempt = now + delay
+            log.warning("AMQP source: reconnect failed (%s); retrying in %.1f s", exc, delay)
+            return False
+        log.info("AMQP source: connected to %s", redact(self.options["uri"]))
+        return True
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = None
+        for q in self.queues:
+            q.channel = None
+            q.consumer_tag = None
+
+    # --- batches -----------------------------------------------------------------------------------
+
+    def take(self, seq: int, max_count: int, wait: float = 0.0) -> Batch:
+        """Record batch `seq` from deliveries already received (up to max_count in all; waits up to
+        `wait` seconds for the first one). A batch of zero deliveries is still recorded."""
+        batch = Batch(seq)
+        if self.ensure_connected():
+            remaining = max_count
+            deadline = time.monotonic() + wait
+            for q in self.queues:
+                if remaining <= 0:
+                    break
+                try:
+                    timeout = max(0.0, deadline - time.monotonic()) if not batch.deliveries else 0.0
+                    got = q.channel.get_deliveries(remaining, timeout=timeout / max(1, len(self.queues)))
+                except ConsumerCancelledError:
+                    log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting", q.name)
+                    self._drop(q)
+                    continue
+                except AMQPError as exc:
+                    log.warning("AMQP source: lost channel for %s (%s); reconnecting", q.name, exc)
+                    self._drop(q)
+                    continue
+                if got:
+                    batch.deliveries.append((q.name, got))
+                    batch.ack_tags.append((q.channel, got[-1].delivery_tag))
+                    remaining -= len(got)
+        self.batches[seq] = batch
+        return batch
+
+    def _drop(self, q: QueueState) -> None:
+        try:
+            if q.channel is not None and q.channel.is_open:
+                q.channel.close()
+        except Exception:
+            pass
+        q.channel = None
+
+    def ack_through(self, seq: int) -> int:
+        """Ack every batch numbered <= seq (Spark committed them). Returns the number of messages acked."""
+        done = sorted(s for s in self.batches if s <= seq)
+        if not done:
+            return 0
+        highest: dict = {}
+        count = 0
+        for s in done:
+            batch = self.batches.pop(s)
+            for channel, tag in batch.ack_tags:
+                if channel.is_open:
+                    highest[channel] = max(tag, highest.get(channel, 0))
+            count += batch.count
+        for channel, tag in highest.items():
+            try:
+                channel.basic_ack(tag, multiple=True)
+            except AMQPError as exc:
+                log.warning("AMQP source: could not ack through batch %s (%s); the broker will redeliver",
+                            seq, exc)
+        return count
+
+    def ready_count(self) -> int:
+        """Messages ready in the queues now plus those received and not yet in a batch."""
+        total = 0
+        if not self.ensure_connected():
+            return 0
+        for q in self.queues:
+            try:
+                total += q.channel.queue_declare(q.name, passive=True).message_count
+                total += q.channel.pending_deliveries
+            except AMQPError:
+                self._drop(q)
+        return total
+
+
+def _default_prefetch(options) -> int:
+    per_trigger = options.get("maxMessagesPerTrigger")
+    return max(2 * per_trigger, 1000) if per_trigger else DEFAULT_PREFETCH

@@ -1,0 +1,149 @@
+"""`spark.readStream.format("amqp")`, queue mode: a micro-batch is what the driver's consumers received,
+acked once Spark has committed it.
+
+Where things run (measured on PySpark 4.3.0, DESIGN.md): `initialOffset`, `latestOffset`, `partitions`,
+`commit` and `stop` run on the driver, in one long-lived Python process per query, so that process owns the
+AMQP connection; `read` runs on executors with a copy of this object pickled at planning time, so it uses
+only its partition (the batch's rows as Arrow IPC bytes) and never a socket.
+
+Offsets are `{"seq": N}`: batch N's end. When to ack: `latestOffset(start)` is called on every trigger and
+only once the batch ending at `start` is in Spark's commit log, so everything up to `start` is acked there;
+`commit(end)` is the same signal arriving again. Under `availableNow` the run ends with one empty batch (an
+"ack barrier") after the last data batch, so that the last data batch is acked within the run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+from . import arrow_rows
+from .consumer import QueueConsumer
+
+log = logging.getLogger("spark_amqp.source")
+
+# Seconds a batch re-planned after a restart waits for the broker to redeliver what the previous run held.
+REPLAY_WAIT = 2.0
+# Seconds an availableNow run waits for messages it counted at the start before it stops without them.
+AVAILABLE_NOW_WAIT = 5.0
+# Rows per partition: a large batch is split so both executor cores share it.
+ROWS_PER_PARTITION = 20000
+
+
+class ArrowPartition(InputPartition):
+    """One slice of a micro-batch: its rows as Arrow IPC bytes (made on the driver, read on an executor)."""
+
+    def __init__(self, data: bytes):
+        super().__init__(None)
+        self.data = data
+
+
+class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options):
+        self.options = options
+        self._consumer: QueueConsumer | None = None
+        self._available_now_left: int | None = None
+        self._barrier_done = False
+
+    def __getstate__(self):
+        return {"options": self.options, "_consumer": None, "_available_now_left": None,
+                "_barrier_done": False}
+
+    # --- driver ------------------------------------------------------------------------------------
+
+    def _session(self) -> QueueConsumer:
+        """The driver's consumer, connected on first use (errors here fail the query with a clear text)."""
+        if self._consumer is None:
+            consumer = QueueConsumer(self.options)
+            consumer.connect()
+            self._consumer = consumer
+        return self._consumer
+
+    def initialOffset(self) -> dict:
+        """Driver. A new query starts at batch 0; connecting here reports bad options at once."""
+        self._session()
+        return {"seq": 0}
+
+    def getDefaultReadLimit(self):
+        """Driver. `maxMessagesPerTrigger` bounds each batch."""
+        n = self.options.get("maxMessagesPerTrigger")
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Driver, once at the start of an availableNow run: count what is there to drain."""
+        self._available_now_left = self._session().ready_count()
+        self._barrier_done = False
+        log.info("AMQP source: availableNow run will read %s messages", self._available_now_left)
+
+    def _batch_cap(self, limit) -> int:
+        consumer = self._session()
+        # Prefetch covers two batches: while batch N waits for its commit, N+1's deliveries arrive.
+        cap = max(1, consumer.prefetch // 2)
+        if isinstance(limit, ReadMaxRows):
+            cap = min(cap, limit.max_rows)
+        return cap
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
+        has arrived; returns `start` when there is nothing new."""
+        consumer = self._session()
+        seq = int(start["seq"])
+        consumer.ack_through(seq)
+        cap = self._batch_cap(limit)
+        wait = 0.0
+        if self._available_now_left is not None:
+            if self._available_now_left <= 0:
+                if not self._barrier_done:
+                    self._barrier_done = True
+                    consumer.take(seq + 1, 0)            # the empty "ack barrier" batch
+                    return {"seq": seq + 1}
+                return start
+            cap = min(cap, self._available_now_left)
+            wait = AVAILABLE_NOW_WAIT
+        batch = consumer.take(seq + 1, cap, wait)
+        if not batch.count:
+            consumer.batches.pop(seq + 1, None)
+            if self._available_now_left is not None:
+                log.warning("AMQP source: availableNow expected %s more messages, none arrived in %.0f s; "
+                            "ending the run", self._available_now_left, wait)
+                self._available_now_left = 0
+                return self.latestOffset(start, limit)
+            return start
+        if self._available_now_left is not None:
+            self._available_now_left -= batch.count
+        return {"seq": seq + 1}
+
+    def partitions(self, start: dict, end: dict):
+        """Driver. The batches in (start, end] as Arrow partitions. A batch this process never planned was
+        planned by a run that stopped before its commit: it is taken again from what the broker redelivers."""
+        consumer = self._session()
+        parts = []
+        for seq in range(int(start["seq"]) + 1, int(end["seq"]) + 1):
+            batch = consumer.batches.get(seq)
+            if batch is None:
+                batch = consumer.take(seq, self._batch_cap(self.getDefaultReadLimit()), REPLAY_WAIT)
+            if not batch.count:
+                continue
+            record_batch = arrow_rows.to_record_batch(batch.deliveries)
+            for offset in range(0, record_batch.num_rows, ROWS_PER_PARTITION):
+                parts.append(ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, ROWS_PER_PARTITION))))
+        return parts
+
+    def commit(self, end: dict) -> None:
+        """Driver. Spark finished the batch ending at `end`: the same signal latestOffset acted on."""
+        if self._consumer is not None:
+            self._consumer.ack_through(int(end["seq"]))
+
+    def stop(self) -> None:
+        """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # --- executors -----------------------------------------------------------------------------------
+
+    def read(self, partition: ArrowPartition):
+        """Executor. Yields the partition's rows as Arrow record batches (no broker access here)."""
+        yield from arrow_rows.deserialize(partition.data)
