@@ -132,8 +132,10 @@ OPTIONS = (
            "Source: JSON object of queue arguments used with `declare=declare`, e.g. `{\"x-max-length\": 1000}`."),
     Option("durable", "source", True, _bool, "Source: declare the queue durable (with `declare=declare`)."),
     Option("prefetch", "source", None, _positive_int,
-           "Source: basic.qos prefetch per queue (default: 2 x maxMessagesPerTrigger, at least 1000) — "
-           "two batches in flight never stall the stream."),
+           "Source: deliveries the broker may push ahead per queue (default: 2 x maxMessagesPerTrigger, "
+           "at least 1000; without maxMessagesPerTrigger 200000). A micro-batch takes at most half, so two "
+           "batches in flight never stall the stream. Above 65535 (basic.qos's limit) it is spread over "
+           "several consuming channels on the queue."),
     Option("maxMessagesPerTrigger", "source", None, _positive_int,
            "Source: most messages in one micro-batch (default: no limit beyond prefetch)."),
     Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),

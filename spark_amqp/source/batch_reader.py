@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ..client import Connection
 from . import arrow_rows
-from .consumer import PREFETCH_MAX, QueueConsumer, SourceError
+from .consumer import PREFETCH_MAX, QueueConsumer
 
 # Seconds a read waits for the next delivery before it stops short of the count it planned (another
 # consumer may have taken some).
@@ -41,7 +41,7 @@ class QueueBatchReader(DataSourceReader):
             parts = []
             for q in consumer.queues:
                 count = q.channel.queue_declare(q.name, passive=True).message_count
-                count += q.channel.pending_deliveries
+                count += sum(ch.pending_deliveries for ch in q.channels)
                 if limit is not None:
                     count = min(count, limit - sum(p.count for p in parts))
                 if count > 0:

@@ -20,9 +20,13 @@ from ..client.uri import redact
 
 log = logging.getLogger("spark_amqp.source")
 
-# The most a basic.qos prefetch-count can say (a 16-bit field, spec 1.8.3.1).
+# The most a basic.qos prefetch-count can say (a 16-bit field, spec 1.8.3.1). A larger `prefetch` is spread
+# over several consuming channels on the same queue.
 PREFETCH_MAX = 65535
-DEFAULT_PREFETCH = 65535
+# Default prefetch per queue: four channels of 50,000. A micro-batch takes at most half of it, so batches
+# of up to 100,000 rows amortize Spark's fixed cost per micro-batch (about 0.35 s here), while the driver
+# holds at most 200,000 deliveries (about 60 MB of 100-byte messages), whatever the backlog.
+DEFAULT_PREFETCH = 200000
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 
 
@@ -32,9 +36,13 @@ class SourceError(RuntimeError):
 
 @dataclass
 class QueueState:
+    """One queue and the channels consuming it (one per PREFETCH_MAX of prefetch)."""
     name: str
-    channel: object = None
-    consumer_tag: str | None = None
+    channels: list = field(default_factory=list)
+
+    @property
+    def channel(self):
+        return self.channels[0] if self.channels else None
 
 
 @dataclass
@@ -53,7 +61,8 @@ class QueueConsumer:
     def __init__(self, options):
         self.options = options
         self.queues = [QueueState(name) for name in options["queue"]]
-        self.prefetch = min(options.get("prefetch") or _default_prefetch(options), PREFETCH_MAX)
+        self.prefetch = options.get("prefetch") or _default_prefetch(options)
+        self.channels_per_queue = -(-self.prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
         self._failures = 0
@@ -89,6 +98,7 @@ class QueueConsumer:
     def _open_queue(self, q: QueueState) -> None:
         o = self.options
         ch = self.conn.channel()
+        q.channels = [ch]
         mode = o.get("declare", "passive")
         if mode == "declare":
             ch.queue_declare(q.name, durable=o.get("durable", True), arguments=o.get("queueArguments") or {})
@@ -97,14 +107,19 @@ class QueueConsumer:
                     ch.queue_bind(q.name, o["exchange"], key)
         elif mode == "passive":
             ch.queue_declare(q.name, passive=True)
-        ch.basic_qos(self.prefetch)
-        q.channel = ch
-        q.consumer_tag = ch.basic_consume(q.name)
+        share = -(-self.prefetch // self.channels_per_queue)
+        ch.basic_qos(share)
+        ch.basic_consume(q.name)
+        for _ in range(self.channels_per_queue - 1):
+            extra = self.conn.channel()
+            extra.basic_qos(share)
+            extra.basic_consume(q.name)
+            q.channels.append(extra)
 
     def ensure_connected(self) -> bool:
         """Reconnect after a loss, with backoff; False while waiting for the next attempt."""
         if self.conn is not None and self.conn.is_open and all(
-                q.channel is not None and q.channel.is_open for q in self.queues):
+                q.channels and all(ch.is_open for ch in q.channels) for q in self.queues):
             return True
         now = time.monotonic()
         if now < self._next_attempt:
@@ -129,8 +144,7 @@ class QueueConsumer:
                 pass
         self.conn = None
         for q in self.queues:
-            q.channel = None
-            q.consumer_tag = None
+            q.channels = []
 
     # --- batches -----------------------------------------------------------------------------------
 
@@ -141,12 +155,13 @@ class QueueConsumer:
         if self.ensure_connected():
             remaining = max_count
             deadline = time.monotonic() + wait
-            for q in self.queues:
+            channels = [(q, ch) for q in self.queues for ch in q.channels]
+            for q, ch in channels:
                 if remaining <= 0:
                     break
                 try:
                     timeout = max(0.0, deadline - time.monotonic()) if not batch.deliveries else 0.0
-                    got = q.channel.get_deliveries(remaining, timeout=timeout / max(1, len(self.queues)))
+                    got = ch.get_deliveries(remaining, timeout=timeout / len(channels))
                 except ConsumerCancelledError:
                     log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting", q.name)
                     self._drop(q)
@@ -157,18 +172,20 @@ class QueueConsumer:
                     continue
                 if got:
                     batch.deliveries.append((q.name, got))
-                    batch.ack_tags.append((q.channel, got[-1].delivery_tag))
+                    batch.ack_tags.append((ch, got[-1].delivery_tag))
                     remaining -= len(got)
         self.batches[seq] = batch
         return batch
 
     def _drop(self, q: QueueState) -> None:
-        try:
-            if q.channel is not None and q.channel.is_open:
-                q.channel.close()
-        except Exception:
-            pass
-        q.channel = None
+        """Forget a queue's channels (the next call reconnects everything)."""
+        for ch in q.channels:
+            try:
+                if ch.is_open:
+                    ch.close()
+            except Exception:
+                pass
+        q.channels = []
 
     def ack_through(self, seq: int) -> int:
         """Ack every batch numbered <= seq (Spark committed them). Returns the number of messages acked."""
@@ -199,7 +216,7 @@ class QueueConsumer:
         for q in self.queues:
             try:
                 total += q.channel.queue_declare(q.name, passive=True).message_count
-                total += q.channel.pending_deliveries
+                total += sum(ch.pending_deliveries for ch in q.channels)
             except AMQPError:
                 self._drop(q)
         return total

@@ -15,6 +15,7 @@ only once the batch ending at `start` is in Spark's commit log, so everything up
 from __future__ import annotations
 
 import logging
+import time
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -28,6 +29,8 @@ log = logging.getLogger("spark_amqp.source")
 REPLAY_WAIT = 2.0
 # Seconds an availableNow run waits for messages it counted at the start before it stops without them.
 AVAILABLE_NOW_WAIT = 5.0
+# Seconds to wait for deliveries already sent by the broker once it reports the queues empty.
+IN_FLIGHT_WAIT = 0.5
 # Rows per partition: a large batch is split so both executor cores share it.
 ROWS_PER_PARTITION = 20000
 
@@ -91,6 +94,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         consumer = self._session()
         seq = int(start["seq"])
         consumer.ack_through(seq)
+        if seq + 1 in consumer.batches:
+            # Asked again from the same start before that batch ran: the same batch, not a second one
+            # (a second would strand the first one's deliveries unacked until the connection closes).
+            return {"seq": seq + 1}
         cap = self._batch_cap(limit)
         wait = 0.0
         if self._available_now_left is not None:
@@ -101,19 +108,31 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     return {"seq": seq + 1}
                 return start
             cap = min(cap, self._available_now_left)
-            wait = AVAILABLE_NOW_WAIT
-        batch = consumer.take(seq + 1, cap, wait)
+            batch = self._take_available_now(consumer, seq + 1, cap)
+        else:
+            batch = consumer.take(seq + 1, cap)
         if not batch.count:
             consumer.batches.pop(seq + 1, None)
-            if self._available_now_left is not None:
-                log.warning("AMQP source: availableNow expected %s more messages, none arrived in %.0f s; "
-                            "ending the run", self._available_now_left, wait)
+            if self._available_now_left is not None:   # drained: end with the barrier
                 self._available_now_left = 0
                 return self.latestOffset(start, limit)
             return start
         if self._available_now_left is not None:
             self._available_now_left -= batch.count
         return {"seq": seq + 1}
+
+    def _take_available_now(self, consumer: QueueConsumer, seq: int, cap: int):
+        """Under availableNow the count taken at the start is a ceiling, not a promise (it can count a
+        message twice while it moves from the queue to our buffer): the run is drained once nothing
+        arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT."""
+        deadline = time.monotonic() + AVAILABLE_NOW_WAIT
+        while True:
+            batch = consumer.take(seq, cap, wait=0.2)
+            if batch.count or time.monotonic() > deadline:
+                return batch
+            if consumer.ready_count() == 0:
+                # Empty queues; what the broker already sent is on its way: one last look.
+                return consumer.take(seq, cap, wait=IN_FLIGHT_WAIT)
 
     def partitions(self, start: dict, end: dict):
         """Driver. The batches in (start, end] as Arrow partitions. A batch this process never planned was
@@ -147,3 +166,20 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: ArrowPartition):
         """Executor. Yields the partition's rows as Arrow record batches (no broker access here)."""
         yield from arrow_rows.deserialize(partition.data)
+
+
+import os as _os
+if _os.environ.get("SPARK_AMQP_TIMING_LOG"):  # TEMP debug
+    import functools as _ft, time as _t
+    def _wrap(name):
+        orig = getattr(QueueStreamReader, name)
+        @_ft.wraps(orig)
+        def f(self, *a):
+            t = _t.time(); r = orig(self, *a)
+            with open(_os.environ["SPARK_AMQP_TIMING_LOG"], "a") as fh:
+                pend = [sum(c.pending_deliveries for c in q.channels) for q in self._consumer.queues] if self._consumer else None
+                fh.write(f"{t:.3f} {name} {str(a)[:50]} -> {str(r)[:40]} {_t.time()-t:.3f}s pending={pend}\n")
+            return r
+        setattr(QueueStreamReader, name, f)
+    for _n in ("latestOffset", "partitions", "commit", "prepareForTriggerAvailableNow"):
+        _wrap(_n)

@@ -20,6 +20,9 @@ def connect(broker_url):
     yield make
     for conn in opened:
         conn.close(timeout=2)
+    for conn in opened:  # no reader thread outlives its connection
+        conn._reader.join(2)
+        assert not conn._reader.is_alive(), f"reader thread of {conn!r} still running"
 
 
 @pytest.fixture

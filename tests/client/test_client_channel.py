@@ -52,12 +52,12 @@ def test_round_trip_every_property_and_header_type(broker_url, connect, unique_n
     ch = conn.channel()
     exchange = unique_name("fan")
     ch.exchange_declare(exchange, "fanout", auto_delete=True)
-    ours = ch.queue_declare("", exclusive=True).name
+    ours = ch.queue_declare(unique_name(), exclusive=True).name
     ch.queue_bind(ours, exchange)
     pconn = pika.BlockingConnection(pika.URLParameters(broker_url))
     try:
         pch = pconn.channel()
-        theirs = pch.queue_declare("", exclusive=True).method.queue
+        theirs = pch.queue_declare(unique_name(), exclusive=True).method.queue
         pch.queue_bind(theirs, exchange)
 
         headers = field_table([(name, tag, wire) for name, tag, wire, _ in HEADER_FIELDS])
@@ -104,8 +104,8 @@ def _pika_get(pch, queue):
     return (method, props, body) if method is not None else None
 
 
-def test_properties_from_dict_and_relay_of_raw_bytes(channel):
-    q = channel.queue_declare("", exclusive=True).name
+def test_properties_from_dict_and_relay_of_raw_bytes(channel, unique_name):
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     channel.publish("", q, "texte", {"content_type": "text/plain", "headers": {"n": 1, "s": "x"}})
     first = wait_until(lambda: channel.basic_get(q, no_ack=True))
     assert first.body == "texte".encode() and first.properties.headers == {"n": 1, "s": "x"}
@@ -147,12 +147,12 @@ def test_channel_error_leaves_the_connection_usable(connect, unique_name):
     with pytest.raises(ChannelClosedError):  # the same error again, not a hang
         ch.basic_ack(1)
     ch2 = conn.channel()
-    assert ch2.queue_declare("", exclusive=True).message_count == 0
+    assert ch2.queue_declare(unique_name(), exclusive=True).message_count == 0
     # an ack for an unknown delivery tag: 406 PRECONDITION_FAILED closes the channel asynchronously
     ch2.basic_ack(99)
     with pytest.raises(ChannelClosedError) as info:
-        ch2.queue_declare("", exclusive=True)
-        ch2.queue_declare("", exclusive=True)
+        ch2.queue_declare(unique_name(), exclusive=True)
+        ch2.queue_declare(unique_name(), exclusive=True)
     assert info.value.reply_code == 406
     assert conn.is_open
 
@@ -173,7 +173,7 @@ def test_non_ascii_names(channel, unique_name, broker_kind, request):
 def test_bind_unbind_routes(channel, unique_name):
     exchange = unique_name("direct")
     channel.exchange_declare(exchange, "direct")  # not auto-delete: unbinding its last queue would delete it
-    q = channel.queue_declare("", exclusive=True).name
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     channel.queue_bind(q, exchange, "k1")
     channel.publish(exchange, "k1", b"routed")
     channel.publish(exchange, "k2", b"dropped")
@@ -185,8 +185,8 @@ def test_bind_unbind_routes(channel, unique_name):
     channel.exchange_delete(exchange)
 
 
-def test_basic_get(channel):
-    q = channel.queue_declare("", exclusive=True).name
+def test_basic_get(channel, unique_name):
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     assert channel.basic_get(q) is None
     channel.publish("", q, b"a", {"message_id": "id-a"})
     channel.publish("", q, b"b")
@@ -199,8 +199,8 @@ def test_basic_get(channel):
     assert (again.body, again.redelivered) == (b"a", True)
 
 
-def test_prefetch_and_ack_nack_reject(channel):
-    q = channel.queue_declare("", exclusive=True).name
+def test_prefetch_and_ack_nack_reject(channel, unique_name):
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     for i in range(20):
         channel.publish("", q, b"%d" % i)
     channel.basic_qos(prefetch_count=5)
@@ -229,8 +229,8 @@ def test_prefetch_and_ack_nack_reject(channel):
     assert channel.queue_declare(q, passive=True) == (q, 0, 0)
 
 
-def test_get_deliveries_timeout_and_cancel(channel):
-    q = channel.queue_declare("", exclusive=True).name
+def test_get_deliveries_timeout_and_cancel(channel, unique_name):
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     tag = channel.basic_consume(q, no_ack=True)
     started = time.monotonic()
     assert channel.get_deliveries(10, timeout=0.3) == []
@@ -257,11 +257,11 @@ def test_broker_cancels_consumer_when_queue_deleted(connect, unique_name):
     assert consumer.is_open and tag not in consumer.consumer_tags
 
 
-def test_large_messages_span_frames(broker_url, connect):
+def test_large_messages_span_frames(broker_url, connect, unique_name):
     conn = connect(frame_max=4096)
     assert conn.frame_max == 4096
     ch = conn.channel()
-    q = ch.queue_declare("", exclusive=True).name
+    q = ch.queue_declare(unique_name(), exclusive=True).name
     bodies = [b"", b"x" * 4088, b"y" * 4089, bytes(range(256)) * 1000]
     ch.confirm_select()
     for body in bodies:
@@ -275,10 +275,10 @@ def test_large_messages_span_frames(broker_url, connect):
     assert got == bodies
 
 
-def test_connection_close_requeues_unacked(broker_url, connect):
+def test_connection_close_requeues_unacked(broker_url, connect, unique_name):
     conn = connect()
     ch = conn.channel()
-    q = ch.queue_declare("", auto_delete=False, arguments={"x-expires": 30000}).name
+    q = ch.queue_declare(unique_name(), auto_delete=False, arguments={"x-expires": 30000}).name
     ch.publish("", q, b"keep me")
     ch.basic_consume(q)
     (d,) = wait_until(lambda: ch.get_deliveries(1, timeout=0.5))

@@ -102,7 +102,8 @@ def check_events(events):
             d1.body) == (1, "ctag", 1, False, "ex", "rk.1", b"hello")
     assert d1.properties == PROPS and d1.properties_raw == PROPS.marshal()
     assert (d2.delivery_tag, d2.redelivered, d2.routing_key, d2.body) == (2, True, "rk.é", b"")
-    assert (d3.channel, d3.consumer_tag, d3.delivery_tag, d3.exchange, d3.routing_key) == (2, "c2", 9, "", "q2")
+    assert (d3.channel, d3.consumer_tag, d3.delivery_tag, d3.exchange, d3.routing_key) == \
+        (2, "c2", 9, "", "q2")
     assert d3.body == bytes(range(256)) * 40 and d3.properties == C.Basic.Properties()
     assert isinstance(got, Delivery) and got.consumer_tag is None
     assert (got.delivery_tag, got.exchange, got.routing_key, got.message_count, got.body) == \
@@ -110,7 +111,8 @@ def check_events(events):
     assert isinstance(ret, Returned)
     assert (ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key, ret.body) == \
         (312, "NO_ROUTE", "ex", "nowhere", b"back")
-    assert isinstance(ack, Confirm) and (ack.channel, ack.delivery_tag, ack.multiple, ack.ack) == (3, 7, True, True)
+    assert isinstance(ack, Confirm)
+    assert (ack.channel, ack.delivery_tag, ack.multiple, ack.ack) == (3, 7, True, True)
     assert (nack.delivery_tag, nack.multiple, nack.ack) == (8, False, False)
 
 

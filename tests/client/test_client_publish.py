@@ -17,8 +17,8 @@ from spark_amqp.client import (AMQPTimeoutError, ChannelClosedError, Connection,
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_ten_thousand_confirmed_with_a_window(channel):
-    q = channel.queue_declare("", exclusive=True).name
+def test_ten_thousand_confirmed_with_a_window(channel, unique_name):
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     channel.confirm_select(window=500)
     most_in_flight = 0
     seqs = []
@@ -34,7 +34,7 @@ def test_ten_thousand_confirmed_with_a_window(channel):
     assert first.body == b"message 00000"
 
 
-def test_publish_blocks_while_the_window_is_full(broker_url):
+def test_publish_blocks_while_the_window_is_full(broker_url, unique_name):
     """Hold the broker's confirms back (a frozen relay): the publish past the window blocks, a publish
     with a timeout raises, wait_for_confirms times out naming what is outstanding; once the confirms
     flow again everything completes."""
@@ -42,7 +42,7 @@ def test_publish_blocks_while_the_window_is_full(broker_url):
     conn = Connection.open(proxy.url_for(broker_url))
     try:
         ch = conn.channel()
-        q = ch.queue_declare("", exclusive=True).name
+        q = ch.queue_declare(unique_name(), exclusive=True).name
         ch.confirm_select(window=2)
         proxy.freeze()
         ch.publish("", q, b"1")
@@ -88,7 +88,7 @@ def test_nacks_on_reject_publish_overflow(channel, unique_name):
 def test_mandatory_return_names_exchange_and_routing_key(channel, unique_name):
     exchange = unique_name("direct")
     channel.exchange_declare(exchange, "direct", auto_delete=True)
-    q = channel.queue_declare("", exclusive=True).name
+    q = channel.queue_declare(unique_name(), exclusive=True).name
     channel.queue_bind(q, exchange, "bound")
     channel.confirm_select()
     channel.publish(exchange, "bound", b"routed", mandatory=True)

@@ -1,0 +1,142 @@
+"""Read throughput: `spark.readStream.format("amqp")` against a plain pika consumer, same broker, same run.
+
+For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:5672):
+  1. preload N messages of S bytes into a fresh queue (pika, confirms);
+  2. (a) drain it with a plain pika consumer: prefetch 1,000, basic.ack(multiple) every 100;
+  3. preload again; (b) drain it with `spark.readStream.format("amqp")` under `trigger(availableNow=True)`
+     into the `noop` sink, timed end to end (query start to termination);
+and print msg/s for each and the ratio b/a, plus the peak resident memory of the driver-side Python
+process that runs the source (bounded by prefetch and batch size, not by the backlog).
+
+    python bench/read_throughput.py [--messages 1000000] [--size 100] [--skip-rabbitmq]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from broker_vs_rabbitmq import (Consumer, Publisher, Target, declare_queue, delete_queue,  # noqa: E402
+                                queue_depth, start_embedded, stop_embedded)
+
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+class PeakRSS:
+    """Samples the RSS of the JVM's Python child that runs the streaming source (driver side)."""
+
+    MARKER = "python_streaming_source_runner"
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for p in me.children(recursive=True):
+                try:
+                    if any(self.MARKER in part for part in p.cmdline()):
+                        self.peak = max(self.peak, p.memory_info().rss)
+                except psutil.Error:
+                    pass
+            self._stop.wait(0.2)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def preload(url: str, queue: str, n: int, size: int) -> None:
+    Publisher(url, queue, n, size, 1000, 600).run()
+    depth = queue_depth(url, queue)
+    if depth != n:
+        raise SystemExit(f"preload: expected {n} messages in {queue}, found {depth}")
+
+
+def pika_drain(url: str, queue: str, n: int, size: int) -> float:
+    c = Consumer(url, queue, n, size, 1000, 100, 600)
+    c.run()
+    return n / (c.t1 - c.t0)
+
+
+def spark_drain(spark, url: str, queue: str, n: int) -> tuple[float, int]:
+    checkpoint = tempfile.mkdtemp(prefix="bench-read-")
+    with PeakRSS() as rss:
+        t0 = time.perf_counter()
+        q = (spark.readStream.format("amqp").option("uri", url).option("queue", queue).load()
+             .writeStream.format("noop").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        seconds = time.perf_counter() - t0
+    rows = sum(p["numInputRows"] for p in q.recentProgress)
+    if rows < n:
+        raise SystemExit(f"spark read {rows} rows, expected {n}")
+    return n / seconds, rss.peak
+
+
+def start_spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("bench-read")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=1_000_000)
+    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--skip-rabbitmq", action="store_true")
+    p.add_argument("--skip-embedded", action="store_true")
+    args = p.parse_args(argv)
+
+    spark = start_spark()
+    # Warm-up: the first query of a session pays for JIT and class loading; both sides get a warm Spark.
+    proc, embedded = start_embedded(Path(tempfile.mkdtemp()) / "broker.log")
+    targets = [] if args.skip_embedded else [embedded]
+    if not args.skip_rabbitmq:
+        targets.append(Target("rabbitmq", RABBITMQ_URL))
+    results = {}
+    try:
+        warm = declare_queue(embedded.url)
+        preload(embedded.url, warm, 1000, args.size)
+        spark_drain(spark, embedded.url, warm, 1000)
+        for t in targets:
+            queue = declare_queue(t.url)
+            try:
+                preload(t.url, queue, args.messages, args.size)
+                a = pika_drain(t.url, queue, args.messages, args.size)
+                preload(t.url, queue, args.messages, args.size)
+                b, peak = spark_drain(spark, t.url, queue, args.messages)
+                results[t.name] = (a, b, peak)
+                print(f"{t.name:<9} pika {a:>10,.0f} msg/s   spark {b:>10,.0f} msg/s   ratio b/a {b / a:.2f}   "
+                      f"source process peak RSS {peak / 2**20:,.0f} MB", flush=True)
+            finally:
+                delete_queue(t.url, queue)
+    finally:
+        stop_embedded(proc)
+        spark.stop()
+    line = "; ".join(f"{name}: pika {a:,.0f} msg/s, spark {b:,.0f} msg/s, ratio {b / a:.2f}, "
+                     f"source RSS {peak / 2**20:,.0f} MB" for name, (a, b, peak) in results.items())
+    print(f"\nREADME: {args.messages:,} x {args.size} B, availableNow into noop vs pika (prefetch 1000, "
+          f"ack every 100): {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

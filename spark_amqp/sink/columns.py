@@ -1,0 +1,246 @@
+"""Which DataFrame column becomes which part of an AMQP message, checked once on the driver.
+
+`plan(schema, options)` runs when the writer is created (on the driver, while the query is planned), so a
+DataFrame the sink cannot write fails the query at its start with an error that says what to change, not
+in a task after half the rows were published:
+
+- `body` is required, `binary` or `string` (a string is sent as its UTF-8 bytes; a null body is an empty
+  body);
+- `exchange` and `routing_key` (`string`) override, row by row, the options `exchange` and `routingKey`
+  (a null value takes the option's value; without the option: the default exchange `""`, key `""`);
+- the property columns (AMQP 0-9-1 section 1.8, basic properties): `content_type`, `content_encoding`,
+  `correlation_id`, `reply_to`, `expiration`, `message_id`, `type`, `user_id`, `app_id` (`string`, at
+  most 255 bytes), `delivery_mode` and `priority` (an integer type, 0..255), `timestamp` (`timestamp` or
+  `timestamp_ntz`, whole seconds since the epoch on the wire), `headers` (`map<string,string>`, each
+  value read back into its AMQP field type by `spark_amqp.headers`' text rule); a null is "not set";
+- the source-only columns `queue`, `delivery_tag`, `redelivered` and `stream_offset` are accepted and
+  ignored, so a row read by the source can be written unchanged;
+- any other column is an error that lists them, unless `ignoreUnknownColumns=true`.
+
+Names match case-insensitively, as Spark resolves columns by default.
+
+The module also turns a chunk of rows (column-wise Python lists, from an Arrow batch or from Rows) into
+what `Channel.publish` takes: the per-message property bytes are built column by column, with the same
+bytes `spark_amqp.properties.encode` gives for the same values (tested against it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from dataclasses import dataclass, field
+
+from pyspark.sql.types import (BinaryType, ByteType, IntegerType, LongType, MapType, ShortType, StringType,
+                               StructType, TimestampNTZType, TimestampType)
+
+from .. import headers as header_text
+from ..properties import FLAGS
+
+SOURCE_ONLY = ("queue", "delivery_tag", "redelivered", "stream_offset")
+"""Columns the source produces that have no meaning for a publish; the sink ignores them."""
+
+STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
+                     "message_id", "type", "user_id", "app_id")
+OCTET_PROPERTIES = ("delivery_mode", "priority")
+PROPERTY_COLUMNS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+                    "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
+                    "user_id", "app_id")   # in property-flag order (bit 15 down), as on the wire
+WRITTEN = ("body", "exchange", "routing_key") + PROPERTY_COLUMNS
+
+_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+_u16 = struct.Struct(">H")
+_u64 = struct.Struct(">Q")
+
+
+class SinkSchemaError(ValueError):
+    """The DataFrame cannot be written by the amqp sink: says which column and what is expected."""
+
+
+def expected_type(name: str) -> str:
+    if name == "body":
+        return "binary or string"
+    if name in OCTET_PROPERTIES:
+        return "int (any integer type; values 0..255)"
+    if name == "timestamp":
+        return "timestamp (or timestamp_ntz)"
+    if name == "headers":
+        return "map<string,string> (values follow the header text rule: '42::long', 'x', ...)"
+    return "string"
+
+
+def _type_ok(name: str, dt) -> bool:
+    if name == "body":
+        return isinstance(dt, (BinaryType, StringType))
+    if name in OCTET_PROPERTIES:
+        return isinstance(dt, _INTEGRAL)
+    if name == "timestamp":
+        return isinstance(dt, (TimestampType, TimestampNTZType))
+    if name == "headers":
+        return (isinstance(dt, MapType) and isinstance(dt.keyType, StringType)
+                and isinstance(dt.valueType, StringType))
+    return isinstance(dt, StringType)
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """Where each written column is in the input schema (an index), or None when absent. Pickled to tasks."""
+
+    body: int
+    body_is_string: bool
+    exchange: int | None
+    routing_key: int | None
+    properties: tuple = ()          # ((column name, index), ...) in flag order
+    ignored: tuple = ()             # names of columns present but not written
+    names: tuple = field(default=())  # every input column name, in order
+
+    def index(self, name: str) -> int | None:
+        for n, i in self.properties:
+            if n == name:
+                return i
+        return None
+
+
+def plan(schema: StructType, options) -> ColumnPlan:
+    """Check the DataFrame's schema against the sink's columns; raise `SinkSchemaError` if unusable."""
+    names = [f.name for f in schema.fields]
+    by_name: dict[str, int] = {}
+    duplicates = []
+    for i, name in enumerate(names):
+        key = name.lower()
+        if key in by_name:
+            duplicates.append(name)
+        by_name.setdefault(key, i)
+    if duplicates:
+        raise SinkSchemaError(f"the amqp sink got duplicate column(s) {', '.join(map(repr, duplicates))}; "
+                              f"columns: {', '.join(names)}")
+    if "body" not in by_name:
+        raise SinkSchemaError(
+            "the amqp sink needs a column 'body' (binary or string) holding the message body; the "
+            f"DataFrame's columns are: {', '.join(names) or '(none)'}. E.g. "
+            "df.selectExpr(\"to_json(struct(*)) AS body\") or df.withColumnRenamed('value', 'body')")
+    unknown = [n for n in names if n.lower() not in WRITTEN and n.lower() not in SOURCE_ONLY]
+    if unknown and not options.get("ignoreUnknownColumns"):
+        raise SinkSchemaError(
+            f"unknown column(s) for the amqp sink: {', '.join(map(repr, unknown))}. It writes body "
+            f"(required), exchange, routing_key and the property columns {', '.join(PROPERTY_COLUMNS)} "
+            f"(and ignores the source-only columns {', '.join(SOURCE_ONLY)}). Select only those columns, "
+            "or set .option('ignoreUnknownColumns', 'true')")
+    wrong = []
+    for name in WRITTEN:
+        i = by_name.get(name)
+        if i is not None and not _type_ok(name, schema.fields[i].dataType):
+            wrong.append(f"column {names[i]!r} has type {schema.fields[i].dataType.simpleString()}, "
+                         f"expected {expected_type(name)}")
+    if wrong:
+        raise SinkSchemaError("the amqp sink cannot write " + "; ".join(wrong) +
+                              " (cast it, e.g. col('priority').cast('int'), or drop it)")
+    if ("exchange" not in by_name and not options.get("exchange") and "routing_key" not in by_name
+            and options.get("routingKey") is None):
+        raise SinkSchemaError(
+            "the amqp sink has nowhere to send the rows: no 'exchange' or 'routing_key' column and neither "
+            "the option 'exchange' nor 'routingKey' is set, so every message would go to the default "
+            "exchange with an empty routing key and be dropped. Set .option('routingKey', '<queue>') to "
+            "publish to a queue, or .option('exchange', '<exchange>')")
+    return ColumnPlan(
+        body=by_name["body"],
+        body_is_string=isinstance(schema.fields[by_name["body"]].dataType, StringType),
+        exchange=by_name.get("exchange"),
+        routing_key=by_name.get("routing_key"),
+        properties=tuple((n, by_name[n]) for n in PROPERTY_COLUMNS if n in by_name),
+        ignored=tuple(n for n in names if n.lower() not in WRITTEN),
+        names=tuple(names),
+    )
+
+
+# ------------------------------------------------------------------ per-chunk encoding (executors)
+
+
+class RowError(ValueError):
+    """A value of one row that cannot be published; the message names the column and the row."""
+
+
+def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
+    """Property bytes for each of `n` rows from {column: list of n values} (None = not set).
+
+    Values as `to_python` gives them: str for the string properties, int for delivery_mode/priority,
+    int seconds for timestamp, an ordered {name: text} (or list of pairs) for headers. Same bytes as
+    `spark_amqp.properties.encode` of each row's values.
+    """
+    encoded = []   # (flag, [bytes | None] * n) in flag order
+    for name in PROPERTY_COLUMNS:
+        values = props.get(name)
+        if values is None:
+            continue
+        flag = FLAGS[name]
+        if name in STRING_PROPERTIES:
+            col = [_shortstr(v, name, first_row + i) if v is not None else None for i, v in enumerate(values)]
+        elif name in OCTET_PROPERTIES:
+            col = [_octet(v, name, first_row + i) if v is not None else None for i, v in enumerate(values)]
+        elif name == "timestamp":
+            col = [_stamp(v, first_row + i) if v is not None else None for i, v in enumerate(values)]
+        else:
+            col = [_table(v, first_row + i) if v is not None else None for i, v in enumerate(values)]
+        encoded.append((flag, col))
+    if not encoded:
+        return [b"\x00\x00"] * n
+    if len(encoded) == 1:
+        flag, col = encoded[0]
+        head = _u16.pack(flag)
+        return [head + v if v is not None else b"\x00\x00" for v in col]
+    out = []
+    append = out.append
+    pack = _u16.pack
+    for i in range(n):
+        flags = 0
+        parts = []
+        for flag, col in encoded:
+            v = col[i]
+            if v is not None:
+                flags |= flag
+                parts.append(v)
+        append(pack(flags) + b"".join(parts))
+    return out
+
+
+def _shortstr(value, name: str, row: int) -> bytes:
+    raw = value.encode("utf-8") if isinstance(value, str) else str(value).encode("utf-8")
+    if len(raw) > 255:
+        raise RowError(f"column {name!r} of row {row} is {len(raw)} bytes long; an AMQP property is at "
+                       f"most 255 bytes (starts {raw[:40]!r})")
+    return bytes((len(raw),)) + raw
+
+
+def _octet(value, name: str, row: int) -> bytes:
+    if not 0 <= value <= 255:
+        raise RowError(f"column {name!r} of row {row} is {value}; it must be 0..255"
+                       + (" (1 = transient, 2 = persistent)" if name == "delivery_mode" else ""))
+    return bytes((value,))
+
+
+def _stamp(value, row: int) -> bytes:
+    if isinstance(value, datetime.datetime):
+        value = epoch_seconds(value)
+    if value < 0:
+        raise RowError(f"column 'timestamp' of row {row} is before 1970; AMQP timestamps are unsigned "
+                       "seconds since the epoch")
+    return _u64.pack(value)
+
+
+def _table(value, row: int) -> bytes:
+    try:
+        return header_text.text_to_table(value if isinstance(value, dict) else dict(value))
+    except header_text.HeaderError as exc:
+        raise RowError(f"column 'headers' of row {row}: {exc}") from None
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def epoch_seconds(value: datetime.datetime) -> int:
+    """Whole seconds since the epoch (floor); a naive datetime is taken as UTC, as properties.py does."""
+    if value.tzinfo is not None:
+        delta = value - _EPOCH_UTC
+    else:
+        delta = value - _EPOCH
+    return delta.days * 86400 + delta.seconds
