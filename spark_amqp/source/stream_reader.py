@@ -167,19 +167,3 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Executor. Yields the partition's rows as Arrow record batches (no broker access here)."""
         yield from arrow_rows.deserialize(partition.data)
 
-
-import os as _os
-if _os.environ.get("SPARK_AMQP_TIMING_LOG"):  # TEMP debug
-    import functools as _ft, time as _t
-    def _wrap(name):
-        orig = getattr(QueueStreamReader, name)
-        @_ft.wraps(orig)
-        def f(self, *a):
-            t = _t.time(); r = orig(self, *a)
-            with open(_os.environ["SPARK_AMQP_TIMING_LOG"], "a") as fh:
-                pend = [sum(c.pending_deliveries for c in q.channels) for q in self._consumer.queues] if self._consumer else None
-                fh.write(f"{t:.3f} {name} {str(a)[:50]} -> {str(r)[:40]} {_t.time()-t:.3f}s pending={pend}\n")
-            return r
-        setattr(QueueStreamReader, name, f)
-    for _n in ("latestOffset", "partitions", "commit", "prepareForTriggerAvailableNow"):
-        _wrap(_n)
