@@ -154,7 +154,8 @@ def start_spark():
 
     log4j = CONF_DIR / "log4j2.properties"
     builder = (SparkSession.builder.master("local[2]").appName("spark-amqp-demo")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2"))
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2"))
     if log4j.exists():
         builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile={log4j}")
     spark = builder.getOrCreate()
@@ -165,23 +166,30 @@ def start_spark():
 def watch(query, url: str, count: int, stats: dict, done: threading.Event, timeout: float) -> bool:
     """Print one line per micro-batch until every event has come out of the pipeline."""
     start = time.monotonic()
-    seen_batch = -1
+    seen = [-1]
     while time.monotonic() - start < timeout:
         if query.exception() is not None:
             print(f"!! the query failed: {query.exception()}")
             return False
-        progress = query.lastProgress
         depths = queue_depths(url, ["orders.all", "orders.eur.all"])
-        if progress and progress["batchId"] != seen_batch:
-            seen_batch = progress["batchId"]
-            print(f"   batch {progress['batchId']:>3}: {progress['numInputRows']:>6} rows "
-                  f"{progress.get('processedRowsPerSecond', 0):>9.0f} rows/s | published {stats['published']:>6} "
-                  f"| waiting in orders.all {depths['orders.all']:>6} | results {depths['orders.eur.all']:>6}")
+        print_progress(query, stats, depths, seen)
         if done.is_set() and depths["orders.eur.all"] >= count:
+            time.sleep(1.0)   # the last batch's progress event follows its commit
+            print_progress(query, stats, queue_depths(url, ["orders.all", "orders.eur.all"]), seen)
             return True
         time.sleep(0.5)
     print(f"!! not every event arrived within {timeout:.0f} s")
     return False
+
+
+def print_progress(query, stats: dict, depths: dict, seen: list) -> None:
+    for progress in query.recentProgress:
+        if progress["batchId"] <= seen[0] or not progress["numInputRows"]:
+            continue
+        seen[0] = progress["batchId"]
+        print(f"   batch {progress['batchId']:>3}: {progress['numInputRows']:>6} rows "
+              f"{progress.get('processedRowsPerSecond', 0):>9.0f} rows/s | published {stats['published']:>6} "
+              f"| waiting in orders.all {depths['orders.all']:>6} | results {depths['orders.eur.all']:>6}")
 
 
 def report(url: str, count: int) -> None:
