@@ -9,193 +9,25 @@ from __future__ import annotations
 
 import datetime
 import decimal
-import socket
 import struct
-import time
-from typing import Any, Callable
 
 import amqp
-import amqp.spec
 import pika
 import pika.exceptions
 import pytest
 
-from helpers import (amqp_connect, amqp_sync, expect_close, pika_connect, pika_sync,
-                     queue_counts, raw_handshake, safe_close, wait_until)
+from helpers import amqp_sync, expect_close, pika_sync, queue_counts, raw_handshake, wait_until
+from support import (Collector, Env, amqp_nack, apump, asettle, bodies, env, pump, raw_frame,  # noqa: F401
+                     raw_method, read_raw_frame, settle)
 
 pytestmark = pytest.mark.timeout(60)
-
-QUIET = 0.3  # how long to watch for deliveries that must NOT arrive
-
-
-# ------------------------------------------------------------------------------------------ support
-
-
-class Env:
-    """Connections and declared entities of one test; everything is closed / deleted at teardown."""
-
-    def __init__(self, url: str, names: Callable[[str], str]):
-        self.url = url
-        self.names = names
-        self._conns: list[Any] = []
-        self._queues: list[str] = []
-        self._exchanges: list[str] = []
-        self._admin: Any = None
-
-    def pika(self, **kw: Any) -> pika.BlockingConnection:
-        conn = pika_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def amqp(self, **kw: Any) -> amqp.Connection:
-        conn = amqp_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def admin(self):
-        """A pika channel for declarations (reopened if a test got it closed)."""
-        if self._admin is None or not self._admin.is_open:
-            if not self._conns or not isinstance(self._conns[0], pika.BlockingConnection) \
-                    or not self._conns[0].is_open:
-                self._conns.insert(0, pika_connect(self.url))
-            self._admin = self._conns[0].channel()
-        return self._admin
-
-    def queue(self, arguments: dict | None = None, name: str | None = None, **kw: Any) -> str:
-        name = name or self.names("q")
-        self._queues.append(name)
-        self.admin().queue_declare(name, arguments=arguments, **kw)
-        return name
-
-    def exchange(self, exchange_type: str = "direct", **kw: Any) -> str:
-        name = self.names("x")
-        self._exchanges.append(name)
-        self.admin().exchange_declare(name, exchange_type=exchange_type, **kw)
-        return name
-
-    def track_queue(self, name: str) -> str:
-        self._queues.append(name)
-        return name
-
-    def publish(self, queue: str, bodies, exchange: str = "", **props: Any) -> None:
-        ch = self.admin()
-        for body in bodies:
-            ch.basic_publish(exchange, queue, body, pika.BasicProperties(**props))
-        pika_sync(ch)
-
-    def close(self) -> None:
-        for conn in self._conns:
-            safe_close(conn)
-        if not (self._queues or self._exchanges):
-            return
-        try:
-            conn = pika_connect(self.url)
-        except Exception:
-            return
-        try:
-            for kind, names in (("queue", self._queues), ("exchange", self._exchanges)):
-                for name in names:
-                    try:
-                        ch = conn.channel()
-                        if kind == "queue":
-                            ch.queue_delete(name)
-                        else:
-                            ch.exchange_delete(name)
-                        ch.close()
-                    except Exception:
-                        if not conn.is_open:
-                            conn = pika_connect(self.url)
-        finally:
-            safe_close(conn)
-
-
-@pytest.fixture
-def env(broker_url, unique_name):
-    e = Env(broker_url, unique_name)
-    yield e
-    e.close()
-
-
-def pump(conn: pika.BlockingConnection, until: Callable[[], Any], timeout: float = 5.0,
-         what: str = "deliveries") -> None:
-    """Process pika I/O until ``until()`` is true; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        conn.process_data_events(time_limit=0.02)
-
-
-def settle(conn: pika.BlockingConnection, seconds: float = QUIET) -> None:
-    """Process pika I/O for a while (to observe that nothing more arrives)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        conn.process_data_events(time_limit=0.02)
-
-
-def apump(conn: amqp.Connection, until: Callable[[], Any], timeout: float = 5.0,
-          what: str = "deliveries") -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        try:
-            conn.drain_events(timeout=0.05)
-        except socket.timeout:
-            pass
-
-
-def asettle(conn: amqp.Connection, seconds: float = QUIET) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        try:
-            conn.drain_events(timeout=0.05)
-        except socket.timeout:
-            pass
-
-
-class Collector:
-    """A pika on_message_callback that records (consumer_tag, delivery_tag, redelivered, body, props)."""
-
-    def __init__(self):
-        self.items: list[tuple[str, int, bool, bytes, Any]] = []
-
-    def __call__(self, ch, method, props, body):
-        self.items.append((method.consumer_tag, method.delivery_tag, method.redelivered, body, props))
-
-    def __len__(self):
-        return len(self.items)
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [i[3] for i in self.items]
-
-    @property
-    def tags(self) -> list[int]:
-        return [i[1] for i in self.items]
-
-    @property
-    def redelivered(self) -> list[bool]:
-        return [i[2] for i in self.items]
-
-
-def amqp_nack(ch: amqp.Channel, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
-    """py-amqp has no basic_nack helper; send the method itself."""
-    ch.send_method(amqp.spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
-
-
-def bodies(n: int, prefix: str = "m") -> list[bytes]:
-    return [f"{prefix}{i}".encode() for i in range(1, n + 1)]
 
 
 # -------------------------------------------------------------------------------------------- qos
 
 
 def test_qos_prefetch_count_limits_unacked_deliveries(env):
-    q = env.queue()
-    env.publish(q, bodies(5))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(5))
     ch.basic_qos(prefetch_count=2)
     got = Collector()
     ch.basic_consume(q, got)
@@ -216,10 +48,7 @@ def test_qos_prefetch_count_limits_unacked_deliveries(env):
 
 
 def test_qos_prefetch_with_py_amqp(env):
-    q = env.queue()
-    env.publish(q, bodies(4))
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(4), client="amqp")
     ch.basic_qos(0, 1, False)
     got = []
     ch.basic_consume(q, callback=got.append)
@@ -232,31 +61,33 @@ def test_qos_prefetch_with_py_amqp(env):
     assert [m.body for m in got] == [b"m1", b"m2"]
 
 
-def test_qos_per_consumer_limit_applies_to_each_consumer(env):
+def _consuming_two_queues(env, prefetch=None, global_prefetch=None):
+    """Queues holding a1..a4 and b1..b4, one consumer on each, both on one pika channel with the given
+    channel-wide (global) and per-consumer prefetch counts: (connection, channel, collector of both)."""
     q1, q2 = env.queue(), env.queue()
     env.publish(q1, bodies(4, "a"))
     env.publish(q2, bodies(4, "b"))
     conn = env.pika()
     ch = conn.channel()
-    ch.basic_qos(prefetch_count=2, global_qos=False)
+    if global_prefetch is not None:
+        ch.basic_qos(prefetch_count=global_prefetch, global_qos=True)
+    if prefetch is not None:
+        ch.basic_qos(prefetch_count=prefetch, global_qos=False)
     got = Collector()
     ch.basic_consume(q1, got)
     ch.basic_consume(q2, got)
+    return conn, ch, got
+
+
+def test_qos_per_consumer_limit_applies_to_each_consumer(env):
+    conn, ch, got = _consuming_two_queues(env, prefetch=2)
     pump(conn, lambda: len(got) >= 4)
     settle(conn)
     assert sorted(got.bodies) == [b"a1", b"a2", b"b1", b"b2"]
 
 
 def test_qos_global_limit_is_shared_by_the_channel(env):
-    q1, q2 = env.queue(), env.queue()
-    env.publish(q1, bodies(4, "a"))
-    env.publish(q2, bodies(4, "b"))
-    conn = env.pika()
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=3, global_qos=True)
-    got = Collector()
-    ch.basic_consume(q1, got)
-    ch.basic_consume(q2, got)
+    conn, ch, got = _consuming_two_queues(env, global_prefetch=3)
     pump(conn, lambda: len(got) >= 3)
     settle(conn)
     assert len(got) == 3
@@ -271,16 +102,7 @@ def test_qos_global_limit_is_shared_by_the_channel(env):
 
 
 def test_qos_global_and_per_consumer_limits_combine(env):
-    q1, q2 = env.queue(), env.queue()
-    env.publish(q1, bodies(4, "a"))
-    env.publish(q2, bodies(4, "b"))
-    conn = env.pika()
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=3, global_qos=True)
-    ch.basic_qos(prefetch_count=1, global_qos=False)
-    got = Collector()
-    ch.basic_consume(q1, got)
-    ch.basic_consume(q2, got)
+    conn, ch, got = _consuming_two_queues(env, prefetch=1, global_prefetch=3)
     pump(conn, lambda: len(got) >= 2)
     settle(conn)
     # each consumer is held to 1 although the channel would allow 3
@@ -307,10 +129,7 @@ def test_qos_change_applies_only_to_consumers_created_afterwards(env):
 
 
 def test_qos_does_not_limit_no_ack_consumers(env):
-    q = env.queue()
-    env.publish(q, bodies(5))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(5))
     ch.basic_qos(prefetch_count=1)
     got = Collector()
     ch.basic_consume(q, got, auto_ack=True)
@@ -319,10 +138,7 @@ def test_qos_does_not_limit_no_ack_consumers(env):
 
 
 def test_qos_does_not_limit_basic_get(env):
-    q = env.queue()
-    env.publish(q, bodies(3))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(3))
     ch.basic_qos(prefetch_count=1)
     got = [ch.basic_get(q)[2] for _ in range(3)]
     assert got == bodies(3)
@@ -361,10 +177,7 @@ def test_exclusive_consume_refused_when_queue_already_has_consumers(env):
 
 
 def test_server_generated_consumer_tags(env):
-    q = env.queue()
-    env.publish(q, [b"hello"])
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"hello"], client="amqp")
     got = []
     tag1 = ch.basic_consume(q, consumer_tag="", callback=got.append, no_ack=True)
     tag2 = ch.basic_consume(q, consumer_tag="", callback=got.append, no_ack=True)
@@ -376,9 +189,7 @@ def test_server_generated_consumer_tags(env):
 
 
 def test_duplicate_consumer_tag_on_a_channel_closes_the_connection(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     assert ch.basic_consume(q, consumer_tag="dup", callback=lambda m: None) == "dup"
     assert expect_close(lambda: ch.basic_consume(q, consumer_tag="dup", callback=lambda m: None), conn) \
         == ("connection", 530)
@@ -400,10 +211,7 @@ def test_consume_from_missing_queue_is_404(env):
 
 
 def test_no_ack_consumer_removes_messages_on_delivery(env):
-    q = env.queue()
-    env.publish(q, bodies(3))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(3))
     got = Collector()
     ch.basic_consume(q, got, auto_ack=True)
     pump(conn, lambda: len(got) >= 3)
@@ -414,9 +222,7 @@ def test_no_ack_consumer_removes_messages_on_delivery(env):
 
 
 def test_cancel_stops_deliveries_and_unacked_stay_ackable(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     got = Collector()
     tag = ch.basic_consume(q, got)
     env.publish(q, [b"one"])
@@ -435,9 +241,7 @@ def test_cancel_stops_deliveries_and_unacked_stay_ackable(env):
 
 
 def test_cancel_with_py_amqp_and_unknown_tag(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     tag = ch.basic_consume(q, callback=lambda m: None)
     assert queue_counts(env.url, q) == (0, 1)
     ch.basic_cancel(tag)
@@ -448,9 +252,7 @@ def test_cancel_with_py_amqp_and_unknown_tag(env):
 
 
 def test_queue_deletion_cancels_consumers_pika(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     cancelled = []
     ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
     tag = ch.basic_consume(q, Collector())
@@ -462,9 +264,7 @@ def test_queue_deletion_cancels_consumers_pika(env):
 
 
 def test_queue_deletion_cancels_consumers_py_amqp(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     cancelled = []
     tag = ch.basic_consume(q, callback=lambda m: None, on_cancel=cancelled.append)
     env.admin().queue_delete(q)
@@ -475,10 +275,7 @@ def test_queue_deletion_cancels_consumers_py_amqp(env):
 
 
 def test_unacked_messages_requeued_when_consumer_channel_closes(env):
-    q = env.queue()
-    env.publish(q, bodies(3))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(3))
     got = Collector()
     ch.basic_consume(q, got)
     pump(conn, lambda: len(got) >= 3)
@@ -512,9 +309,7 @@ def test_mandatory_unroutable_is_returned_with_312(env):
 
 
 def test_mandatory_routable_is_not_returned(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     returned = []
     ch.add_on_return_callback(lambda *a: returned.append(a))
     ch.basic_publish("", q, b"ok", mandatory=True)
@@ -548,9 +343,7 @@ def test_mandatory_unroutable_with_confirms_is_returned_then_acked(env):
 
 
 def test_immediate_flag_closes_the_connection_540(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
 
     def go():
         ch.basic_publish(amqp.Message(b"now"), exchange="", routing_key=q, immediate=True)
@@ -574,9 +367,7 @@ def test_publish_to_missing_exchange_closes_the_channel_404(env):
 
 
 def test_publish_with_foreign_user_id_is_406(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
 
     def go():
         ch.basic_publish("", q, b"x", pika.BasicProperties(user_id="not-guest"))
@@ -606,9 +397,7 @@ def test_cc_and_bcc_headers_route_and_bcc_is_stripped(env):
 
 @pytest.mark.parametrize("header", ["CC", "BCC"])
 def test_cc_or_bcc_header_that_is_not_an_array_is_406(env, header):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
 
     def go():
         ch.basic_publish("", q, b"x", pika.BasicProperties(headers={header: "b"}))
@@ -623,9 +412,7 @@ def test_cc_or_bcc_header_that_is_not_an_array_is_406(env, header):
 
 
 def test_round_robin_between_two_consumers(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     got = Collector()
     t1 = ch.basic_consume(q, got, auto_ack=True, consumer_tag="c1")
     t2 = ch.basic_consume(q, got, auto_ack=True, consumer_tag="c2")
@@ -666,9 +453,7 @@ def test_round_robin_across_channels_with_prefetch_1(env):
 
 
 def test_get_empty_and_message_count(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     assert ch.basic_get(q) == (None, None, None)
     env.publish(q, bodies(3))
     seen = []
@@ -680,9 +465,7 @@ def test_get_empty_and_message_count(env):
 
 
 def test_get_with_py_amqp(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     assert ch.basic_get(q) is None
     env.publish(q, bodies(2))
     m = ch.basic_get(q)
@@ -694,10 +477,7 @@ def test_get_with_py_amqp(env):
 
 
 def test_get_without_ack_holds_the_message_until_channel_close(env):
-    q = env.queue()
-    env.publish(q, [b"held"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"held"])
     method, _p, body = ch.basic_get(q)
     assert (body, method.redelivered, method.delivery_tag) == (b"held", False, 1)
     assert queue_counts(env.url, q) == (0, 0)
@@ -727,10 +507,7 @@ def _get_n(ch, q, n):
 
 
 def test_ack_multiple(env):
-    q = env.queue()
-    env.publish(q, bodies(5))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(5))
     got = _get_n(ch, q, 5)
     assert [t for t, _ in got] == [1, 2, 3, 4, 5]
     ch.basic_ack(3, multiple=True)
@@ -743,10 +520,7 @@ def test_ack_multiple(env):
 
 
 def test_ack_zero_multiple_acks_everything_outstanding(env):
-    q = env.queue()
-    env.publish(q, bodies(4))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(4))
     _get_n(ch, q, 4)
     ch.basic_ack(0, multiple=True)
     pika_sync(ch)
@@ -755,10 +529,7 @@ def test_ack_zero_multiple_acks_everything_outstanding(env):
 
 
 def test_nack_multiple_requeue_keeps_original_order(env):
-    q = env.queue()
-    env.publish(q, bodies(4))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(4))
     got = _get_n(ch, q, 3)
     ch.basic_nack(got[-1][0], multiple=True, requeue=True)
     again = [(m.redelivered, b) for m, _p, b in (ch.basic_get(q, auto_ack=True) for _ in range(4))]
@@ -766,10 +537,7 @@ def test_nack_multiple_requeue_keeps_original_order(env):
 
 
 def test_requeued_messages_return_to_their_original_position(env):
-    q = env.queue()
-    env.publish(q, bodies(5))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(5))
     (t1, _), (_t2, _), (t3, _) = _get_n(ch, q, 3)
     ch.basic_reject(t3, requeue=True)
     ch.basic_reject(t1, requeue=True)
@@ -779,10 +547,7 @@ def test_requeued_messages_return_to_their_original_position(env):
 
 
 def test_reject_requeue_to_consumer_sets_redelivered(env):
-    q = env.queue()
-    env.publish(q, [b"only"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"only"])
     got = Collector()
     ch.basic_consume(q, got)
     pump(conn, lambda: len(got) >= 1)
@@ -795,10 +560,7 @@ def test_reject_requeue_to_consumer_sets_redelivered(env):
 
 @pytest.mark.parametrize("how", ["nack", "nack-multiple", "reject"])
 def test_nack_or_reject_without_requeue_discards(env, how):
-    q = env.queue()
-    env.publish(q, bodies(2))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(2))
     got = _get_n(ch, q, 2)
     if how == "nack":
         ch.basic_nack(got[0][0], requeue=False)
@@ -814,10 +576,7 @@ def test_nack_or_reject_without_requeue_discards(env, how):
 
 
 def test_nack_and_reject_with_py_amqp(env):
-    q = env.queue()
-    env.publish(q, bodies(3))
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(3), client="amqp")
     msgs = [ch.basic_get(q) for _ in range(3)]
     amqp_nack(ch, msgs[1].delivery_tag, multiple=True, requeue=True)  # m1, m2 back
     ch.basic_reject(msgs[2].delivery_tag, requeue=False)              # m3 dropped
@@ -829,10 +588,7 @@ def test_nack_and_reject_with_py_amqp(env):
 
 @pytest.mark.parametrize("method", ["ack", "ack-multiple", "nack", "reject"])
 def test_unknown_delivery_tag_is_406(env, method):
-    q = env.queue()
-    env.publish(q, [b"x"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"x"])
     ch.basic_get(q)  # tag 1 outstanding
 
     def go():
@@ -865,10 +621,7 @@ def test_unknown_delivery_tag_py_amqp(env):
 
 
 def test_double_ack_is_406(env):
-    q = env.queue()
-    env.publish(q, [b"x"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"x"])
     method, _p, _b = ch.basic_get(q)
     ch.basic_ack(method.delivery_tag)
     pika_sync(ch)
@@ -882,10 +635,7 @@ def test_double_ack_is_406(env):
 
 
 def test_ack_of_a_no_ack_delivery_is_406(env):
-    q = env.queue()
-    env.publish(q, [b"x"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"x"])
     method, _p, _b = ch.basic_get(q, auto_ack=True)
 
     def go():
@@ -921,10 +671,7 @@ def test_delivery_tags_are_per_channel(env):
 
 
 def test_recover_requeue_redelivers_unacked_to_consumer(env):
-    q = env.queue()
-    env.publish(q, bodies(3))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(3))
     got = Collector()
     ch.basic_consume(q, got)
     pump(conn, lambda: len(got) >= 3)
@@ -941,10 +688,7 @@ def test_recover_requeue_redelivers_unacked_to_consumer(env):
 
 
 def test_recover_requeue_py_amqp_after_get(env):
-    q = env.queue()
-    env.publish(q, bodies(2))
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(2), client="amqp")
     assert [ch.basic_get(q).body for _ in range(2)] == bodies(2)
     ch.basic_recover(requeue=True)
     again = [ch.basic_get(q, no_ack=True) for _ in range(2)]
@@ -1003,9 +747,7 @@ def _pika_props(props) -> dict:
 
 
 def test_all_properties_and_header_types_round_trip_pika(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     body = bytes(range(256)) * 3
     ch.basic_publish("", q, body, pika.BasicProperties(**PROPS))
     ch.basic_publish("", q, body, pika.BasicProperties(**PROPS))
@@ -1023,9 +765,7 @@ def test_all_properties_and_header_types_round_trip_pika(env):
 
 
 def test_all_properties_round_trip_py_amqp(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     props = dict(PROPS)
     props["application_headers"] = props.pop("headers")
     props["application_headers"] = dict(AMQP_HEADERS)
@@ -1091,60 +831,27 @@ def _raw_content_header(body_size: int) -> bytes:
     return struct.pack(">HHQH", 60, 0, body_size, 0xFFFC) + props
 
 
-def _frame(ftype: int, channel: int, payload: bytes) -> bytes:
-    return struct.pack(">BHI", ftype, channel, len(payload)) + payload + b"\xce"
-
-
-def _read_raw_frame(rc, timeout: float = 5.0) -> tuple[int, int, bytes]:
-    deadline = time.monotonic() + timeout
-    while True:
-        if len(rc.buf) >= 7:
-            ftype, channel, size = struct.unpack(">BHI", rc.buf[:7])
-            if len(rc.buf) >= size + 8:
-                payload, end = rc.buf[7:7 + size], rc.buf[7 + size]
-                rc.buf = rc.buf[size + 8:]
-                assert end == 0xCE
-                if ftype == 8:  # heartbeat
-                    continue
-                return ftype, channel, payload
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            pytest.fail("no frame from the broker in time")
-        rc.sock.settimeout(remaining)
-        try:
-            chunk = rc.sock.recv(65536)
-        except socket.timeout:
-            continue
-        if not chunk:
-            pytest.fail(f"broker closed the socket; buffered {rc.buf!r}")
-        rc.buf += chunk
-
-
-def _method(class_id: int, method_id: int, args: bytes = b"") -> bytes:
-    return struct.pack(">HH", class_id, method_id) + args
-
-
 def test_content_header_bytes_pass_through_unchanged(env):
     q = env.queue()
     rc, _tune = raw_handshake(env.url)
     try:
-        rc.send_bytes(_frame(1, 1, _method(20, 10, _sstr(b""))))  # channel.open
-        ftype, _c, payload = _read_raw_frame(rc)
-        assert (ftype, payload[:4]) == (1, _method(20, 11))
+        rc.send_bytes(raw_frame(1, 1, raw_method(20, 10, _sstr(b""))))  # channel.open
+        ftype, _c, payload = read_raw_frame(rc)
+        assert (ftype, payload[:4]) == (1, raw_method(20, 11))
         body = b"raw body \x00\xff"
         header = _raw_content_header(len(body))
-        publish = _method(60, 40, struct.pack(">H", 0) + _sstr(b"") + _sstr(q.encode()) + b"\x00")
-        rc.send_bytes(_frame(1, 1, publish) + _frame(2, 1, header) + _frame(3, 1, body))
+        publish = raw_method(60, 40, struct.pack(">H", 0) + _sstr(b"") + _sstr(q.encode()) + b"\x00")
+        rc.send_bytes(raw_frame(1, 1, publish) + raw_frame(2, 1, header) + raw_frame(3, 1, body))
         # basic.consume no-ack, tag "t"
-        consume = _method(60, 20, struct.pack(">H", 0) + _sstr(q.encode()) + _sstr(b"t") + b"\x02"
+        consume = raw_method(60, 20, struct.pack(">H", 0) + _sstr(q.encode()) + _sstr(b"t") + b"\x02"
                           + _lstr(b""))
-        rc.send_bytes(_frame(1, 1, consume))
+        rc.send_bytes(raw_frame(1, 1, consume))
         frames = []
         while len(frames) < 4:
-            frames.append(_read_raw_frame(rc))
+            frames.append(read_raw_frame(rc))
         (t0, _, consume_ok), (t1, _, deliver), (t2, _, got_header), (t3, _, got_body) = frames
-        assert (t0, consume_ok[:4]) == (1, _method(60, 21))
-        assert (t1, deliver[:4]) == (1, _method(60, 60))
+        assert (t0, consume_ok[:4]) == (1, raw_method(60, 21))
+        assert (t1, deliver[:4]) == (1, raw_method(60, 60))
         assert (t2, t3) == (2, 3)
         assert got_header == header
         assert got_body == body

@@ -6,6 +6,7 @@ assertions; the expected codes and levels were observed on RabbitMQ 3.10.8.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -428,26 +429,35 @@ def test_protocol_error_closes_connection(broker_url, scenario):
         rc.close()
 
 
-def test_channel_error_reports_class_and_method(broker_url):
+@contextlib.contextmanager
+def _raw_channel(broker_url, n=1):
+    """A raw connection with channel ``n`` open; closed on exit."""
     rc, _tune = raw_handshake(broker_url)
     try:
-        _open(rc)
-        rc.send(1, C.Queue.Declare(queue="zz-missing-queue-raw", passive=True))
-        ch, frame = rc.read_method()
-        assert ch == 1 and isinstance(frame, C.Channel.Close)
-        assert (frame.reply_code, frame.class_id, frame.method_id) == (404, 50, 10)
-        assert frame.reply_text.startswith("NOT_FOUND")
+        _open(rc, n)
+        yield rc
     finally:
         rc.close()
 
 
+def _declare_missing_queue(rc):
+    """A passive queue.declare of a queue that does not exist on channel 1; the broker's answer."""
+    rc.send(1, C.Queue.Declare(queue="zz-missing-queue-raw", passive=True))
+    return rc.read_method()
+
+
+def test_channel_error_reports_class_and_method(broker_url):
+    with _raw_channel(broker_url) as rc:
+        ch, frame = _declare_missing_queue(rc)
+        assert ch == 1 and isinstance(frame, C.Channel.Close)
+        assert (frame.reply_code, frame.class_id, frame.method_id) == (404, 50, 10)
+        assert frame.reply_text.startswith("NOT_FOUND")
+
+
 def test_methods_after_server_channel_close_are_discarded(broker_url):
     """After the server's channel.close, the client's methods on that channel are ignored until close-ok."""
-    rc, _tune = raw_handshake(broker_url)
-    try:
-        _open(rc)
-        rc.send(1, C.Queue.Declare(queue="zz-missing-queue-raw", passive=True))
-        ch, frame = rc.read_method()
+    with _raw_channel(broker_url) as rc:
+        ch, frame = _declare_missing_queue(rc)
         assert (ch, type(frame), frame.reply_code) == (1, C.Channel.Close, 404)
         rc.send(1, C.Basic.Qos(prefetch_count=1))
         rc.send(1, C.Queue.Declare(queue="", exclusive=True))
@@ -455,35 +465,24 @@ def test_methods_after_server_channel_close_are_discarded(broker_url):
         rc.send(1, C.Channel.Open())
         ch, frame = rc.read_method()
         assert (ch, type(frame)) == (1, C.Channel.OpenOk)
-    finally:
-        rc.close()
 
 
 def test_simultaneous_channel_close_gets_close_ok(broker_url):
     """Server sent channel.close; the client answers with its own channel.close: the server replies close-ok."""
-    rc, _tune = raw_handshake(broker_url)
-    try:
-        _open(rc)
-        rc.send(1, C.Queue.Declare(queue="zz-missing-queue-raw", passive=True))
-        ch, frame = rc.read_method()
+    with _raw_channel(broker_url) as rc:
+        ch, frame = _declare_missing_queue(rc)
         assert (ch, type(frame)) == (1, C.Channel.Close)
         rc.send(1, C.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
         ch, frame = rc.read_method()
         assert (ch, type(frame)) == (1, C.Channel.CloseOk)
-    finally:
-        rc.close()
 
 
 def test_client_channel_close_gets_close_ok(broker_url):
-    rc, _tune = raw_handshake(broker_url)
-    try:
-        _open(rc, 9)
+    with _raw_channel(broker_url, 9) as rc:
         rc.send(9, C.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
         ch, frame = rc.read_method()
         assert (ch, type(frame)) == (9, C.Channel.CloseOk)
         _open(rc, 9)   # the number is free again
-    finally:
-        rc.close()
 
 
 def test_exclusive_consumer_conflict_is_403(broker_url, unique_name):

@@ -7,153 +7,15 @@ same assertions. Clients: pika (BlockingConnection) and py-amqp.
 
 from __future__ import annotations
 
-import socket
-import time
-from typing import Any, Callable
-
 import amqp
 import pika
 import pika.exceptions
 import pytest
 
-from helpers import (amqp_connect, expect_close, pika_connect, pika_sync, queue_counts,
-                     safe_close, wait_until)
+from helpers import expect_close, pika_sync, queue_counts, wait_until
+from support import apump, asettle, bodies, env, pump, settle  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
-
-QUIET = 0.3  # how long to watch for frames that must NOT arrive
-
-
-# ------------------------------------------------------------------------------------------ support
-
-
-class Env:
-    """Connections and declared entities of one test; everything is closed / deleted at teardown."""
-
-    def __init__(self, url: str, names: Callable[[str], str]):
-        self.url = url
-        self.names = names
-        self._conns: list[Any] = []
-        self._queues: list[str] = []
-        self._exchanges: list[str] = []
-        self._admin: Any = None
-
-    def pika(self, **kw: Any) -> pika.BlockingConnection:
-        conn = pika_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def amqp(self, **kw: Any) -> amqp.Connection:
-        conn = amqp_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def admin(self):
-        """A pika channel for declarations (reopened if a test got it closed)."""
-        if self._admin is None or not self._admin.is_open:
-            if not self._conns or not isinstance(self._conns[0], pika.BlockingConnection) \
-                    or not self._conns[0].is_open:
-                self._conns.insert(0, pika_connect(self.url))
-            self._admin = self._conns[0].channel()
-        return self._admin
-
-    def queue(self, arguments: dict | None = None, name: str | None = None, **kw: Any) -> str:
-        name = name or self.names("q")
-        self._queues.append(name)
-        self.admin().queue_declare(name, arguments=arguments, **kw)
-        return name
-
-    def exchange(self, exchange_type: str = "direct", **kw: Any) -> str:
-        name = self.names("x")
-        self._exchanges.append(name)
-        self.admin().exchange_declare(name, exchange_type=exchange_type, **kw)
-        return name
-
-    def track_queue(self, name: str) -> str:
-        self._queues.append(name)
-        return name
-
-    def publish(self, queue: str, bodies, exchange: str = "", **props: Any) -> None:
-        ch = self.admin()
-        for body in bodies:
-            ch.basic_publish(exchange, queue, body, pika.BasicProperties(**props))
-        pika_sync(ch)
-
-    def close(self) -> None:
-        for conn in self._conns:
-            safe_close(conn)
-        if not (self._queues or self._exchanges):
-            return
-        try:
-            conn = pika_connect(self.url)
-        except Exception:
-            return
-        try:
-            for kind, names in (("queue", self._queues), ("exchange", self._exchanges)):
-                for name in names:
-                    try:
-                        ch = conn.channel()
-                        if kind == "queue":
-                            ch.queue_delete(name)
-                        else:
-                            ch.exchange_delete(name)
-                        ch.close()
-                    except Exception:
-                        if not conn.is_open:
-                            conn = pika_connect(self.url)
-        finally:
-            safe_close(conn)
-
-
-@pytest.fixture
-def env(broker_url, unique_name):
-    e = Env(broker_url, unique_name)
-    yield e
-    e.close()
-
-
-def pump(conn: pika.BlockingConnection, until: Callable[[], Any], timeout: float = 5.0,
-         what: str = "deliveries") -> None:
-    """Process pika I/O until ``until()`` is true; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        conn.process_data_events(time_limit=0.02)
-
-
-def settle(conn: pika.BlockingConnection, seconds: float = QUIET) -> None:
-    """Process pika I/O for a while (to observe that nothing more arrives)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        conn.process_data_events(time_limit=0.02)
-
-
-def apump(conn: amqp.Connection, until: Callable[[], Any], timeout: float = 5.0,
-          what: str = "deliveries") -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        try:
-            conn.drain_events(timeout=0.05)
-        except socket.timeout:
-            pass
-
-
-def asettle(conn: amqp.Connection, seconds: float = QUIET) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        try:
-            conn.drain_events(timeout=0.05)
-        except socket.timeout:
-            pass
-
-
-def bodies(n: int, prefix: str = "m") -> list[bytes]:
-    return [f"{prefix}{i}".encode() for i in range(1, n + 1)]
-
-
 
 
 # --------------------------------------------------------------------------------------- confirms
@@ -180,9 +42,7 @@ class AmqpConfirms:
 
 
 def test_confirms_ack_every_publish_in_order(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     ch.confirm_select()
     confirms = AmqpConfirms(ch)
     n = 200
@@ -198,9 +58,7 @@ def test_confirms_ack_every_publish_in_order(env):
 
 
 def test_confirms_with_pika_blocking_channel(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     ch.confirm_delivery()
     for i in range(20):
         ch.basic_publish("", q, f"m{i}".encode())  # raises NackError / UnroutableError otherwise
@@ -238,9 +96,8 @@ def test_mandatory_unroutable_in_confirm_mode_returns_before_ack(env):
 
 
 def test_publish_to_reject_publish_queue_at_limit_is_nacked(env):
-    q = env.queue(arguments={"x-max-length": 2, "x-overflow": "reject-publish"})
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(arguments={"x-max-length": 2, "x-overflow": "reject-publish"},
+                                        client="amqp")
     ch.confirm_select()
     confirms = AmqpConfirms(ch)
     for i in range(4):
@@ -256,9 +113,7 @@ def test_publish_to_reject_publish_queue_at_limit_is_nacked(env):
 
 
 def test_reject_publish_nack_with_pika(env):
-    q = env.queue(arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
     ch.confirm_delivery()
     ch.basic_publish("", q, b"first")
     with pytest.raises(pika.exceptions.NackError):
@@ -293,19 +148,13 @@ def test_publish_to_missing_exchange_in_confirm_mode_closes_channel(env):
     assert conn.is_open
 
 
-def test_confirm_select_on_transactional_channel_is_406(env):
+@pytest.mark.parametrize("first, then", [("tx_select", "confirm_delivery"), ("confirm_delivery", "tx_select")],
+                         ids=["confirm-select-on-transactional-channel", "tx-select-on-confirm-channel"])
+def test_confirm_and_tx_on_one_channel_is_406(env, first, then):
     conn = env.pika()
     ch = conn.channel()
-    ch.tx_select()
-    assert expect_close(ch.confirm_delivery) == ("channel", 406)
-    assert conn.is_open
-
-
-def test_tx_select_on_confirm_channel_is_406(env):
-    conn = env.pika()
-    ch = conn.channel()
-    ch.confirm_delivery()
-    assert expect_close(ch.tx_select) == ("channel", 406)
+    getattr(ch, first)()
+    assert expect_close(getattr(ch, then)) == ("channel", 406)
     assert conn.is_open
 
 
@@ -321,9 +170,7 @@ def test_tx_select_on_confirm_channel_py_amqp(env):
 
 
 def test_tx_publishes_invisible_until_commit(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     ch.tx_select()
     for body in bodies(3):
         ch.basic_publish("", q, body)
@@ -337,9 +184,7 @@ def test_tx_publishes_invisible_until_commit(env):
 
 
 def test_tx_rollback_drops_publishes_and_channel_stays_transactional(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     ch.tx_select()
     ch.basic_publish("", q, b"dropped")
     ch.tx_rollback()
@@ -353,9 +198,7 @@ def test_tx_rollback_drops_publishes_and_channel_stays_transactional(env):
 
 
 def test_tx_closing_channel_discards_uncommitted_publishes(env):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
     ch.tx_select()
     ch.basic_publish("", q, b"never")
     pika_sync(ch)
@@ -364,10 +207,7 @@ def test_tx_closing_channel_discards_uncommitted_publishes(env):
 
 
 def test_tx_acks_take_effect_on_commit(env):
-    q = env.queue()
-    env.publish(q, bodies(3))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(3))
     ch.tx_select()
     tags = [ch.basic_get(q)[0].delivery_tag for _ in range(3)]
     ch.basic_ack(tags[0])
@@ -381,10 +221,7 @@ def test_tx_acks_take_effect_on_commit(env):
 
 
 def test_tx_rollback_discards_acks_messages_stay_unacked(env):
-    q = env.queue()
-    env.publish(q, bodies(2))
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(bodies(2))
     ch.tx_select()
     t1 = ch.basic_get(q)[0].delivery_tag
     t2 = ch.basic_get(q)[0].delivery_tag
@@ -403,10 +240,7 @@ def test_tx_rollback_discards_acks_messages_stay_unacked(env):
 
 
 def test_tx_ack_invisible_until_commit_seen_by_closing_connection(env):
-    q = env.queue()
-    env.publish(q, [b"one"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"one"])
     ch.tx_select()
     tag = ch.basic_get(q)[0].delivery_tag
     ch.basic_ack(tag)
@@ -416,10 +250,7 @@ def test_tx_ack_invisible_until_commit_seen_by_closing_connection(env):
 
 
 def test_tx_reject_requeue_applies_on_commit(env):
-    q = env.queue()
-    env.publish(q, [b"r"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"r"])
     ch.tx_select()
     tag = ch.basic_get(q)[0].delivery_tag
     ch.basic_reject(tag, requeue=True)
@@ -455,9 +286,7 @@ def test_tx_commit_or_rollback_without_select_is_406(env, method):
 
 
 def test_tx_with_py_amqp(env):
-    q = env.queue()
-    conn = env.amqp()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(client="amqp")
     ch.tx_select()
     ch.tx_select()  # again: harmless
     ch.basic_publish(amqp.Message(b"a"), exchange="", routing_key=q)

@@ -11,125 +11,15 @@ from __future__ import annotations
 import datetime
 import struct
 import time
-from typing import Any, Callable
 
-import amqp
-import amqp.spec
 import pika
 import pika.exceptions
 import pytest
 
-from helpers import (amqp_connect, pika_connect, pika_sync, queue_counts, raw_handshake, safe_close,
-                     wait_until)
+from helpers import pika_sync, queue_counts, raw_handshake, wait_until
+from support import Env, amqp_nack, bodies, drain, env, raw_frame, raw_method, read_raw_frame  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
-
-# ------------------------------------------------------------------------------------------ support
-
-
-class Env:
-    """Connections and declared entities of one test; everything is closed / deleted at teardown."""
-
-    def __init__(self, url: str, names: Callable[[str], str]):
-        self.url = url
-        self.names = names
-        self._conns: list[Any] = []
-        self._queues: list[str] = []
-        self._exchanges: list[str] = []
-        self._admin: Any = None
-
-    def pika(self, **kw: Any) -> pika.BlockingConnection:
-        conn = pika_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def amqp(self, **kw: Any) -> amqp.Connection:
-        conn = amqp_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def admin(self):
-        """A pika channel for declarations (reopened if a test got it closed)."""
-        if self._admin is None or not self._admin.is_open:
-            if not self._conns or not isinstance(self._conns[0], pika.BlockingConnection) \
-                    or not self._conns[0].is_open:
-                self._conns.insert(0, pika_connect(self.url))
-            self._admin = self._conns[0].channel()
-        return self._admin
-
-    def queue(self, arguments: dict | None = None, name: str | None = None, **kw: Any) -> str:
-        name = name or self.names("q")
-        self._queues.append(name)
-        self.admin().queue_declare(name, arguments=arguments, **kw)
-        return name
-
-    def exchange(self, exchange_type: str = "direct", **kw: Any) -> str:
-        name = self.names("x")
-        self._exchanges.append(name)
-        self.admin().exchange_declare(name, exchange_type=exchange_type, **kw)
-        return name
-
-    def track_queue(self, name: str) -> str:
-        self._queues.append(name)
-        return name
-
-    def publish(self, queue: str, bodies, exchange: str = "", **props: Any) -> None:
-        ch = self.admin()
-        for body in bodies:
-            ch.basic_publish(exchange, queue, body, pika.BasicProperties(**props))
-        pika_sync(ch)
-
-    def close(self) -> None:
-        for conn in self._conns:
-            safe_close(conn)
-        if not (self._queues or self._exchanges):
-            return
-        try:
-            conn = pika_connect(self.url)
-        except Exception:
-            return
-        try:
-            for kind, names in (("queue", self._queues), ("exchange", self._exchanges)):
-                for name in names:
-                    try:
-                        ch = conn.channel()
-                        if kind == "queue":
-                            ch.queue_delete(name)
-                        else:
-                            ch.exchange_delete(name)
-                        ch.close()
-                    except Exception:
-                        if not conn.is_open:
-                            conn = pika_connect(self.url)
-        finally:
-            safe_close(conn)
-
-
-@pytest.fixture
-def env(broker_url, unique_name):
-    e = Env(broker_url, unique_name)
-    yield e
-    e.close()
-
-
-def amqp_nack(ch: amqp.Channel, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
-    """py-amqp has no basic_nack helper; send the method itself."""
-    ch.send_method(amqp.spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
-
-
-def bodies(n: int, prefix: str = "m") -> list[bytes]:
-    return [f"{prefix}{i}".encode() for i in range(1, n + 1)]
-
-
-def drain(ch, queue: str, limit: int = 1000) -> list[bytes]:
-    """basic.get with auto-ack until get-empty; the bodies in order."""
-    out = []
-    for _ in range(limit):
-        method, _p, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append(body)
-    return out
 
 
 # --------------------------------------------------------------------------------- dead-lettering
@@ -176,6 +66,13 @@ def xdeath(headers: dict) -> list[dict]:
 def first_death(headers: dict) -> tuple:
     return (headers.get("x-first-death-exchange"), headers.get("x-first-death-queue"),
             headers.get("x-first-death-reason"))
+
+
+def reject_head(env: Env, queue: str, requeue: bool = False):
+    """basic.get the head of ``queue`` on a channel of a new pika connection and reject it; the channel."""
+    c = env.pika().channel()
+    c.basic_reject(c.basic_get(queue)[0].delivery_tag, requeue=requeue)
+    return c
 
 
 def test_reject_without_requeue_dead_letters(env):
@@ -232,9 +129,7 @@ def test_nack_with_py_amqp_dead_letters(env):
 def test_requeue_true_does_not_dead_letter(env):
     q, _dlx, dlq = dead_letter_setup(env)
     env.publish(q, [b"x"])
-    conn = env.pika()
-    c = conn.channel()
-    c.basic_reject(c.basic_get(q)[0].delivery_tag, requeue=True)
+    c = reject_head(env, q, requeue=True)
     pika_sync(c)
     assert queue_counts(env.url, q) == (1, 0)
     assert queue_counts(env.url, dlq) == (0, 0)
@@ -250,9 +145,7 @@ def test_dead_letter_routing_key_override(env):
     ch.queue_bind(q, x, "orig")
     ch.basic_publish(x, "orig", b"routed")
     pika_sync(ch)
-    conn = env.pika()
-    c = conn.channel()
-    c.basic_reject(c.basic_get(q)[0].delivery_tag, requeue=False)
+    reject_head(env, q)
     method, props, body = wait_get(ch, dlq)
     assert (method.exchange, method.routing_key, body) == (dlx, "dead", b"routed")
     assert xdeath(props.headers) == [{"count": 1, "reason": "rejected", "queue": q, "exchange": x,
@@ -271,9 +164,7 @@ def test_dead_letter_without_routing_key_uses_original_keys_including_cc(env):
     ch.queue_bind(q, x, "a")
     ch.basic_publish(x, "a", b"cc", pika.BasicProperties(headers={"CC": ["b"]}))
     pika_sync(ch)
-    conn = env.pika()
-    c = conn.channel()
-    c.basic_reject(c.basic_get(q)[0].delivery_tag, requeue=False)
+    reject_head(env, q)
     ma, pa, _ = wait_get(ch, dla)
     mb, pb, _ = wait_get(ch, dlb)
     assert (ma.routing_key, mb.routing_key) == ("a", "a")
@@ -316,9 +207,7 @@ def test_rejected_message_with_expiration_records_original_expiration(env):
     ch = env.admin()
     ch.basic_publish("", q, b"r", pika.BasicProperties(expiration="60000"))
     pika_sync(ch)
-    conn = env.pika()
-    c = conn.channel()
-    c.basic_reject(c.basic_get(q)[0].delivery_tag, requeue=False)
+    reject_head(env, q)
     _m, props, _b = wait_get(ch, dlq)
     assert props.expiration is None
     assert xdeath(props.headers) == [{"count": 1, "reason": "rejected", "queue": q, "exchange": "",
@@ -449,11 +338,9 @@ def test_expiry_cycle_without_rejection_is_dropped(env):
 def test_dead_letter_to_missing_exchange_drops_message(env):
     q = env.queue(arguments={"x-dead-letter-exchange": env.names("nonexistent")})
     env.publish(q, [b"x"])
-    conn = env.pika()
-    c = conn.channel()
-    c.basic_reject(c.basic_get(q)[0].delivery_tag, requeue=False)
+    c = reject_head(env, q)
     pika_sync(c)
-    assert c.is_open and conn.is_open
+    assert c.is_open and c.connection.is_open
     assert queue_counts(env.url, q) == (0, 0)
 
 
@@ -538,38 +425,14 @@ def _raw_get_header(url: str, queue: str) -> bytes:
     """basic.get (no-ack) over a raw socket; the content header frame payload as sent by the broker."""
     rc, _tune = raw_handshake(url)
     try:
-        def frame(ftype, payload):
-            return struct.pack(">BHI", ftype, 1, len(payload)) + payload + b"\xce"
-
-        def read():
-            deadline = time.monotonic() + 5
-            while True:
-                if len(rc.buf) >= 7:
-                    ftype, _ch, size = struct.unpack(">BHI", rc.buf[:7])
-                    if len(rc.buf) >= size + 8:
-                        payload = rc.buf[7:7 + size]
-                        rc.buf = rc.buf[size + 8:]
-                        if ftype != 8:
-                            return ftype, payload
-                        continue
-                if time.monotonic() > deadline:
-                    pytest.fail("no frame in time")
-                rc.sock.settimeout(max(0.01, deadline - time.monotonic()))
-                try:
-                    chunk = rc.sock.recv(65536)
-                except TimeoutError:
-                    continue
-                if not chunk:
-                    pytest.fail("socket closed")
-                rc.buf += chunk
-
-        rc.send_bytes(frame(1, struct.pack(">HH", 20, 10) + b"\x00"))
-        assert read()[1][:4] == struct.pack(">HH", 20, 11)
+        rc.send_bytes(raw_frame(1, 1, raw_method(20, 10, b"\x00")))  # channel.open
+        assert read_raw_frame(rc)[2][:4] == raw_method(20, 11)
         q = queue.encode()
-        rc.send_bytes(frame(1, struct.pack(">HHH", 60, 70, 0) + bytes([len(q)]) + q + b"\x01"))
-        ftype, payload = read()
-        assert payload[:4] == struct.pack(">HH", 60, 71), "expected basic.get-ok"
-        ftype, header = read()
+        get = raw_method(60, 70, struct.pack(">H", 0) + bytes([len(q)]) + q + b"\x01")  # basic.get, no-ack
+        rc.send_bytes(raw_frame(1, 1, get))
+        _ftype, _c, payload = read_raw_frame(rc)
+        assert payload[:4] == raw_method(60, 71), "expected basic.get-ok"
+        ftype, _c, header = read_raw_frame(rc)
         assert ftype == 2
         return header
     finally:
@@ -581,9 +444,7 @@ def test_x_death_field_types(env):
     ch = env.admin()
     ch.basic_publish("", q, b"typed", pika.BasicProperties(expiration="60000"))
     pika_sync(ch)
-    conn = env.pika()
-    c = conn.channel()
-    c.basic_reject(c.basic_get(q)[0].delivery_tag, requeue=False)
+    c = reject_head(env, q)
     pika_sync(c)
     wait_until(lambda: queue_counts(env.url, dlq) == (1, 0))
     headers = _typed_headers(_raw_get_header(env.url, dlq))

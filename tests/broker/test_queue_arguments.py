@@ -8,164 +8,15 @@ same assertions. TTLs are kept at 100-500 ms; waits poll with a deadline.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
 
-import amqp
 import pika
 import pika.exceptions
 import pytest
 
-from helpers import (amqp_connect, expect_close, pika_connect, pika_sync, queue_counts, safe_close,
-                     wait_until)
+from helpers import expect_close, pika_sync, queue_counts, wait_until
+from support import Collector, Env, bodies, drain, env, pump, settle  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
-
-QUIET = 0.3  # how long to watch for deliveries that must NOT arrive
-
-
-# ------------------------------------------------------------------------------------------ support
-
-
-class Env:
-    """Connections and declared entities of one test; everything is closed / deleted at teardown."""
-
-    def __init__(self, url: str, names: Callable[[str], str]):
-        self.url = url
-        self.names = names
-        self._conns: list[Any] = []
-        self._queues: list[str] = []
-        self._exchanges: list[str] = []
-        self._admin: Any = None
-
-    def pika(self, **kw: Any) -> pika.BlockingConnection:
-        conn = pika_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def amqp(self, **kw: Any) -> amqp.Connection:
-        conn = amqp_connect(self.url, **kw)
-        self._conns.append(conn)
-        return conn
-
-    def admin(self):
-        """A pika channel for declarations (reopened if a test got it closed)."""
-        if self._admin is None or not self._admin.is_open:
-            if not self._conns or not isinstance(self._conns[0], pika.BlockingConnection) \
-                    or not self._conns[0].is_open:
-                self._conns.insert(0, pika_connect(self.url))
-            self._admin = self._conns[0].channel()
-        return self._admin
-
-    def queue(self, arguments: dict | None = None, name: str | None = None, **kw: Any) -> str:
-        name = name or self.names("q")
-        self._queues.append(name)
-        self.admin().queue_declare(name, arguments=arguments, **kw)
-        return name
-
-    def exchange(self, exchange_type: str = "direct", **kw: Any) -> str:
-        name = self.names("x")
-        self._exchanges.append(name)
-        self.admin().exchange_declare(name, exchange_type=exchange_type, **kw)
-        return name
-
-    def track_queue(self, name: str) -> str:
-        self._queues.append(name)
-        return name
-
-    def publish(self, queue: str, bodies, exchange: str = "", **props: Any) -> None:
-        ch = self.admin()
-        for body in bodies:
-            ch.basic_publish(exchange, queue, body, pika.BasicProperties(**props))
-        pika_sync(ch)
-
-    def close(self) -> None:
-        for conn in self._conns:
-            safe_close(conn)
-        if not (self._queues or self._exchanges):
-            return
-        try:
-            conn = pika_connect(self.url)
-        except Exception:
-            return
-        try:
-            for kind, names in (("queue", self._queues), ("exchange", self._exchanges)):
-                for name in names:
-                    try:
-                        ch = conn.channel()
-                        if kind == "queue":
-                            ch.queue_delete(name)
-                        else:
-                            ch.exchange_delete(name)
-                        ch.close()
-                    except Exception:
-                        if not conn.is_open:
-                            conn = pika_connect(self.url)
-        finally:
-            safe_close(conn)
-
-
-@pytest.fixture
-def env(broker_url, unique_name):
-    e = Env(broker_url, unique_name)
-    yield e
-    e.close()
-
-
-def pump(conn: pika.BlockingConnection, until: Callable[[], Any], timeout: float = 5.0,
-         what: str = "deliveries") -> None:
-    """Process pika I/O until ``until()`` is true; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        conn.process_data_events(time_limit=0.02)
-
-
-def settle(conn: pika.BlockingConnection, seconds: float = QUIET) -> None:
-    """Process pika I/O for a while (to observe that nothing more arrives)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        conn.process_data_events(time_limit=0.02)
-
-
-class Collector:
-    """A pika on_message_callback that records (consumer_tag, delivery_tag, redelivered, body, props)."""
-
-    def __init__(self):
-        self.items: list[tuple[str, int, bool, bytes, Any]] = []
-
-    def __call__(self, ch, method, props, body):
-        self.items.append((method.consumer_tag, method.delivery_tag, method.redelivered, body, props))
-
-    def __len__(self):
-        return len(self.items)
-
-    @property
-    def bodies(self) -> list[bytes]:
-        return [i[3] for i in self.items]
-
-    @property
-    def tags(self) -> list[int]:
-        return [i[1] for i in self.items]
-
-    @property
-    def redelivered(self) -> list[bool]:
-        return [i[2] for i in self.items]
-
-
-def bodies(n: int, prefix: str = "m") -> list[bytes]:
-    return [f"{prefix}{i}".encode() for i in range(1, n + 1)]
-
-
-def drain(ch, queue: str, limit: int = 1000) -> list[bytes]:
-    """basic.get with auto-ack until get-empty; the bodies in order."""
-    out = []
-    for _ in range(limit):
-        method, _p, body = ch.basic_get(queue, auto_ack=True)
-        if method is None:
-            break
-        out.append(body)
-    return out
 
 
 # ------------------------------------------------------------------------------------- message ttl
@@ -218,10 +69,7 @@ def test_message_ttl_zero_drops_unless_a_consumer_is_ready(env):
 
 
 def test_requeued_message_past_its_ttl_is_not_delivered_again(env):
-    q = env.queue(arguments={"x-message-ttl": 200})
-    env.publish(q, [b"x"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"x"], arguments={"x-message-ttl": 200})
     method, _p, body = ch.basic_get(q)
     assert body == b"x"
     time.sleep(0.35)  # expired while unacked: it is not expired while held
@@ -273,9 +121,7 @@ def test_per_message_expiration_zero(env):
 
 @pytest.mark.parametrize("expiration", ["abc", "-1", "1.5", ""])
 def test_invalid_expiration_property_is_406(env, expiration):
-    q = env.queue()
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel()
 
     def go():
         ch.basic_publish("", q, b"x", pika.BasicProperties(expiration=expiration))
@@ -325,9 +171,7 @@ def test_queue_with_messages_but_unused_still_expires(env):
 
 def test_queue_with_a_consumer_does_not_expire(env):
     watch = QueueWatch(env)
-    q = env.queue(arguments={"x-expires": 200})
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(arguments={"x-expires": 200})
     got = Collector()
     tag = ch.basic_consume(q, got, auto_ack=True)
     settle(conn, 0.6)
@@ -377,10 +221,7 @@ def test_max_length_explicit_drop_head(env):
 
 
 def test_max_length_counts_ready_messages_only(env):
-    q = env.queue(arguments={"x-max-length": 1})
-    env.publish(q, [b"m1"])
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel([b"m1"], arguments={"x-max-length": 1})
     held, _p, _b = ch.basic_get(q)  # unacked messages do not count towards the limit
     env.publish(q, [b"m2", b"m3"])
     assert queue_counts(env.url, q) == (1, 0)
@@ -427,9 +268,7 @@ def test_max_length_reject_publish_keeps_oldest(env):
 
 
 def test_max_length_bytes_reject_publish_nacks(env):
-    q = env.queue(arguments={"x-max-length-bytes": 10, "x-overflow": "reject-publish"})
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(arguments={"x-max-length-bytes": 10, "x-overflow": "reject-publish"})
     ch.confirm_delivery()
     ch.basic_publish("", q, b"aaaa")
     ch.basic_publish("", q, b"bbbb")
@@ -440,9 +279,7 @@ def test_max_length_bytes_reject_publish_nacks(env):
 
 
 def test_reject_publish_accepts_again_once_below_the_limit(env):
-    q = env.queue(arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
     ch.confirm_delivery()
     ch.basic_publish("", q, b"one")
     with pytest.raises(pika.exceptions.NackError):
@@ -453,9 +290,7 @@ def test_reject_publish_accepts_again_once_below_the_limit(env):
 
 
 def test_reject_publish_with_consumer_ready_delivers(env):
-    q = env.queue(arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
-    conn = env.pika()
-    ch = conn.channel()
+    q, conn, ch = env.queue_and_channel(arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
     got = Collector()
     ch.basic_consume(q, got, auto_ack=True)
     pub = env.pika().channel()
@@ -531,6 +366,14 @@ def test_invalid_argument_with_py_amqp(env, arguments):
 # ---------------------------------------------------------------------------------------- priority
 
 
+def _get_all(ch, q) -> list[tuple]:
+    """basic.get with auto-ack until get-empty: every (method, properties, body) in order."""
+    got = []
+    while (message := ch.basic_get(q, auto_ack=True))[0] is not None:
+        got.append(message)
+    return got
+
+
 def _publish_priorities(ch, q, items):
     for body, priority in items:
         ch.basic_publish("", q, body, pika.BasicProperties(priority=priority))
@@ -555,12 +398,7 @@ def test_priority_above_max_is_capped(env):
     q = env.queue(arguments={"x-max-priority": 3})
     ch = env.admin()
     _publish_priorities(ch, q, [(b"a3", 3), (b"b9", 9), (b"c2", 2), (b"d200", 200)])
-    got = []
-    while True:
-        method, props, body = ch.basic_get(q, auto_ack=True)
-        if method is None:
-            break
-        got.append((body, props.priority))
+    got = [(body, props.priority) for _m, props, body in _get_all(ch, q)]
     # 9 and 200 rank as 3, after the earlier 3; the property itself is delivered unchanged
     assert got == [(b"a3", 3), (b"b9", 9), (b"d200", 200), (b"c2", 2)]
 
@@ -598,10 +436,5 @@ def test_priority_requeued_message_keeps_its_rank(env):
     _publish_priorities(ch, q, [(b"mid", 3)])
     c.basic_reject(method.delivery_tag, requeue=True)
     pika_sync(c)
-    got = []
-    while True:
-        m, _p, b = c.basic_get(q, auto_ack=True)
-        if m is None:
-            break
-        got.append((b, m.redelivered))
+    got = [(b, m.redelivered) for m, _p, b in _get_all(c, q)]
     assert got == [(b"hi", True), (b"mid", False), (b"lo", False)]
