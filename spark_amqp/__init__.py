@@ -11,6 +11,10 @@ __version__ = "0.1.0"
 
 
 def register(spark) -> None:
-    """Register the `amqp` data source with a SparkSession (needed only where discovery is off)."""
+    """Register the `amqp` data source with a SparkSession (needed only where discovery is off), and make
+    Spark redact the `uri` option in query plans as it already redacts `url` and `password`."""
     from .datasource import AMQPDataSource
     spark.dataSource.register(AMQPDataSource)
+    regex = spark.conf.get("spark.sql.redaction.options.regex", "(?i)url")
+    if "uri" not in regex.lower():
+        spark.conf.set("spark.sql.redaction.options.regex", f"{regex}|(?i)uri")

@@ -9,6 +9,7 @@ The README's options table is this module's table.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -116,6 +117,12 @@ class Option:
 OPTIONS = (
     Option("uri", "both", None, _uri,
            "Broker URI `amqp://user:password@host:port/vhost` (vhost percent-encoded: `/%2F` is `/`). Required."),
+    Option("username", "both", None, _text,
+           "User name; overrides the one in `uri`."),
+    Option("password", "both", None, _text,
+           "Password; overrides the one in `uri`. Spark redacts an option named `password` in query plans "
+           "(it redacts `uri` only with `spark_amqp.register(spark)` or "
+           "`spark.sql.redaction.options.regex=(?i)url|uri`), so prefer this to a password inside `uri`."),
     Option("queue", "source", None, _names,
            "Queue(s) to consume, comma-separated. Required for the source."),
     Option("exchange", "both", None, _shortstr,
@@ -159,6 +166,18 @@ OPTIONS = (
     Option("connectTimeout", "both", 10.0, _seconds, "Seconds to wait for a TCP connection and handshake."),
 )
 BY_KEY = {o.name.lower(): o for o in OPTIONS}
+BY_KEY["url"] = BY_KEY["uri"]     # an alias that Spark's default redaction (`(?i)url`) hides in plans
+
+
+def with_credentials(uri: str, username: str | None, password: str | None) -> str:
+    """The URI with its user and/or password replaced (percent-encoded)."""
+    scheme, _, rest = uri.partition("://")
+    authority, slash, tail = rest.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    user_raw, colon, pass_raw = userinfo.partition(":") if at else ("guest", ":", "guest")
+    user = urllib.parse.quote(username, safe="") if username is not None else user_raw
+    secret = urllib.parse.quote(password, safe="") if password is not None else pass_raw
+    return f"{scheme}://{user}:{secret}@{hostport}{slash}{tail}"
 
 
 class Options(dict):
@@ -171,7 +190,8 @@ class Options(dict):
             raise AttributeError(name) from None
 
     def __repr__(self) -> str:  # never show the password (plans, logs, tracebacks)
-        return repr({k: redact(v) if k == "uri" and v else v for k, v in self.items()})
+        return repr({k: redact(v) if k == "uri" and v else "***" if k == "password" and v else v
+                     for k, v in self.items()})
 
     __str__ = __repr__
 
@@ -192,6 +212,8 @@ def parse(options, role: str) -> Options:
         out[opt.name] = opt.check(opt.name, value)
     if out.get("uri") is None:
         raise OptionError("uri", None, "required: the broker URI amqp://user:password@host:port/vhost")
+    if out.get("username") is not None or out.get("password") is not None:
+        out["uri"] = with_credentials(out["uri"], out.get("username"), out.get("password"))
     if role == "source":
         if not out.get("queue"):
             raise OptionError("queue", None, "required: the queue(s) to consume")

@@ -35,13 +35,12 @@ class QueueBatchReader(DataSourceReader):
     def partitions(self):
         """Driver. One partition per queue with messages, sized by what the queue holds now."""
         consumer = QueueConsumer(self.options)
-        consumer.connect()      # validates credentials, queue existence (and declares if asked)
+        consumer.connect(consume=False)   # credentials, queue existence (declares if asked); no prefetch
         try:
             limit = self.options.get("maxMessages")
             parts = []
             for q in consumer.queues:
                 count = q.channel.queue_declare(q.name, passive=True).message_count
-                count += sum(ch.pending_deliveries for ch in q.channels)
                 if limit is not None:
                     count = min(count, limit - sum(p.count for p in parts))
                 if count > 0:
@@ -52,6 +51,8 @@ class QueueBatchReader(DataSourceReader):
 
     def read(self, partition: QueueSlice):
         """Executor. Consume up to `partition.count` messages, yield them, then ack or return them."""
+        if not isinstance(partition, QueueSlice):
+            return   # no queue had messages: PySpark plans one empty partition of its own
         o = self.options
         conn = Connection.open(o["uri"], heartbeat=o.get("heartbeat", 60),
                                connect_timeout=o.get("connectTimeout", 10.0))

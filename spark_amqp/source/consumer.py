@@ -70,8 +70,9 @@ class QueueConsumer:
 
     # --- session ---------------------------------------------------------------------------------
 
-    def connect(self) -> None:
-        """Open the connection and one consuming channel per queue (declaring/binding as asked).
+    def connect(self, consume: bool = True) -> None:
+        """Open the connection and one consuming channel per queue (declaring/binding as asked);
+        with consume=False only the checks and declarations, no consumer (nothing is prefetched).
 
         User errors (bad credentials, missing queue, unreachable broker on the first connect) raise
         SourceError with a message that names the problem and never the password."""
@@ -85,7 +86,7 @@ class QueueConsumer:
             raise SourceError(f"cannot reach the AMQP broker: {exc}") from None
         try:
             for q in self.queues:
-                self._open_queue(q)
+                self._open_queue(q, consume)
         except ChannelClosedError as exc:
             self.close()
             if exc.reply_code == 404:
@@ -95,7 +96,7 @@ class QueueConsumer:
             raise SourceError(f"cannot consume from {self.options['queue']} on {redact(uri)}: {exc}") from None
         self._failures = 0
 
-    def _open_queue(self, q: QueueState) -> None:
+    def _open_queue(self, q: QueueState, consume: bool = True) -> None:
         o = self.options
         ch = self.conn.channel()
         q.channels = [ch]
@@ -107,6 +108,8 @@ class QueueConsumer:
                     ch.queue_bind(q.name, o["exchange"], key)
         elif mode == "passive":
             ch.queue_declare(q.name, passive=True)
+        if not consume:
+            return
         share = -(-self.prefetch // self.channels_per_queue)
         ch.basic_qos(share)
         ch.basic_consume(q.name)

@@ -1,0 +1,44 @@
+"""Fixtures for the source tests (helpers live in source_helpers.py).
+
+`env`: the broker under test (both brokers, through `broker_url`) with queue helpers and probes;
+`secret_broker`: an embedded broker with a user whose password is easy to search for in error texts;
+every streaming query a test leaves running is stopped after it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from source_helpers import SECRET, Env
+
+
+@pytest.fixture
+def env(request, broker_url, broker_kind, unique_name):
+    broker = request.getfixturevalue("amqp_broker") if broker_kind == "embedded" else None
+    e = Env(broker_url, broker_kind, broker, unique_name)
+    yield e
+    e.cleanup()
+
+
+@pytest.fixture
+def secret_broker():
+    """An embedded broker with a user whose password is `SECRET` (RabbitMQ's users are not ours to add)."""
+    from broker import Broker
+    with Broker(port=0, users={"guest": "guest", "spy": SECRET}) as b:
+        b.secret_url = f"amqp://spy:{SECRET}@{b.host}:{b.port}/%2F"
+        yield b
+
+
+@pytest.fixture(autouse=True)
+def _stop_queries_after(request):
+    """Stop whatever streaming query a test left running (only this session's queries)."""
+    yield
+    if "spark" in request.fixturenames:
+        spark = request.getfixturevalue("spark")
+        for q in spark.streams.active:
+            try:
+                q.stop()
+            except Exception:
+                pass
+
+

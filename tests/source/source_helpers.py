@@ -1,0 +1,245 @@
+"""Helpers for the source tests: the broker under test with queue helpers, probes, a foreachBatch collector.
+
+`env` wraps the broker under test (both brokers through `broker_url`): it declares queues (deleted after
+the test), publishes with pika under publisher confirms (so a message is in its queue before Spark
+starts), and reports a queue's `(ready, unacked)` as the broker sees it: RabbitMQ through `rabbitmqctl
+list_queues` (about 0.3 s a call), the embedded broker by reading its core state on the broker's thread.
+Every Spark query a test starts is stopped after it, so a failing test does not leave a query running.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import pika
+import psutil
+import pytest
+
+# A password that matches none of Spark's own redaction patterns (secret|password|token|access key),
+# so that if it shows up anywhere it is the connector's doing, and it is easy to search for.
+SECRET = "hunter2q7Zx"
+
+RABBITMQCTL_TIMEOUT = 30
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, message: str = "condition"):
+    """Poll `predicate` until it returns a truthy value (returned) or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {message} (last value {value!r})")
+        time.sleep(interval)
+
+
+def rabbitmqctl(*args: str) -> str:
+    out = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                         timeout=RABBITMQCTL_TIMEOUT)
+    if out.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def _spark_descendants() -> list[psutil.Process]:
+    """Processes started (indirectly) by this test process: the Spark JVM and its Python workers."""
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def local_ports_to(port: int) -> set[int]:
+    """Local TCP ports of this process's descendants' connections to `port` (the source's consumer)."""
+    ports = set()
+    for proc in _spark_descendants():
+        try:
+            for c in proc.net_connections(kind="tcp"):
+                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED:
+                    ports.add(c.laddr.port)
+        except psutil.Error:
+            continue
+    return ports
+
+
+class Env:
+    """The broker under test, as a test uses it."""
+
+    def __init__(self, url: str, kind: str, broker, unique_name):
+        self.url = url
+        self.kind = kind
+        self.broker = broker            # the embedded `Broker`, or None for RabbitMQ
+        self._unique = unique_name
+        self._declared: list[str] = []
+        self._conn = None
+        self._ch = None
+
+    # --- publishing ----------------------------------------------------------------------------
+
+    def channel(self):
+        if self._conn is None or not self._conn.is_open or self._ch is None or not self._ch.is_open:
+            self.close_publisher()
+            self._conn = pika.BlockingConnection(pika.URLParameters(self.url))
+            self._ch = self._conn.channel()
+            self._ch.confirm_delivery()
+        return self._ch
+
+    def close_publisher(self) -> None:
+        if self._conn is not None:
+            try:
+                if self._conn.is_open:
+                    self._conn.close()
+            except Exception:
+                pass
+        self._conn = None
+        self._ch = None
+
+    def queue(self, prefix: str = "src", **arguments) -> str:
+        """Declare a fresh non-durable queue (deleted after the test; x-expires as a safety net)."""
+        name = self._unique(prefix)
+        args = {"x-expires": 600_000, **arguments}
+        self.channel().queue_declare(name, durable=False, arguments=args)
+        self._declared.append(name)
+        return name
+
+    def publish(self, queue: str, bodies, properties=None, exchange: str = "") -> None:
+        """Publish each body to `queue` (through `exchange`, routing key = queue), confirmed."""
+        ch = self.channel()
+        for i, body in enumerate(bodies):
+            props = properties[i] if isinstance(properties, list) else properties
+            if isinstance(body, str):
+                body = body.encode()
+            ch.basic_publish(exchange, queue, body, props)
+
+    # --- what the broker holds -----------------------------------------------------------------
+
+    def state(self, queue: str) -> tuple[int, int]:
+        """(messages ready, messages delivered and not acked) of `queue`, as the broker counts them."""
+        if self.broker is None:
+            for line in rabbitmqctl("list_queues", "name", "messages_ready", "messages_unacknowledged",
+                                    "--no-table-headers").splitlines():
+                parts = line.split("\t")
+                if len(parts) == 3 and parts[0] == queue:
+                    return int(parts[1]), int(parts[2])
+            raise AssertionError(f"queue {queue!r} not found by rabbitmqctl list_queues")
+
+        def inspect(core):
+            q = core.vhosts["/"].queues[queue]
+            unacked = sum(1 for conn in core.connections for ch in conn.channels.values()
+                          for entry in ch.unacked.values() if entry[1] is q)
+            return q.message_count(), unacked
+
+        return self.broker.call(inspect, self.broker.core)
+
+    def consumers(self, queue: str) -> int:
+        """Consumers attached to `queue` now."""
+        if self.broker is None:
+            for line in rabbitmqctl("list_queues", "name", "consumers", "--no-table-headers").splitlines():
+                parts = line.split("\t")
+                if len(parts) == 2 and parts[0] == queue:
+                    return int(parts[1])
+            raise AssertionError(f"queue {queue!r} not found by rabbitmqctl list_queues")
+        return self.broker.call(lambda core: len(core.vhosts["/"].queues[queue].consumers), self.broker.core)
+
+    def wait_no_consumer(self, queue: str, timeout: float = 10.0) -> None:
+        """A stopped query closes its consumer just after awaitTermination returns: wait for that."""
+        wait_until(lambda: self.consumers(queue) == 0, timeout, interval=0.1,
+                   message=f"the stopped query's consumer to leave {queue}")
+
+    def in_broker(self, queue: str) -> int:
+        ready, unacked = self.state(queue)
+        return ready + unacked
+
+    def wait_state(self, queue: str, expected: tuple[int, int], timeout: float = 15.0, query=None):
+        """Wait until `queue` is (ready, unacked) == expected; with `query`, it must stay active meanwhile."""
+        last = None
+
+        def check():
+            nonlocal last
+            if query is not None:
+                assert query.isActive, f"the query stopped: {query.exception()}"
+            last = self.state(queue)
+            return last == expected
+
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                pytest.fail(f"queue {queue}: expected (ready, unacked) == {expected}, still {last} "
+                            f"after {timeout} s")
+            time.sleep(0.2)
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def cut_source_connections(self) -> int:
+        """Close, from the broker's side, the connections Spark's processes hold. Returns how many."""
+        if self.broker is None:
+            ports = local_ports_to(5672)
+            closed = 0
+            listing = rabbitmqctl("list_connections", "pid", "peer_port", "--no-table-headers")
+            for line in listing.splitlines():
+                parts = line.split("\t")
+                if len(parts) == 2 and int(parts[1]) in ports:
+                    rabbitmqctl("close_connection", parts[0], "test: connection cut by the source tests")
+                    closed += 1
+            return closed
+
+        def abort(core):
+            victims = [c for c in list(core.connections)
+                       if c.client_properties.get("product") in ("spark-amqp", b"spark-amqp")]
+            for c in victims:
+                c.io.transport.abort()
+            return len(victims)
+
+        return self.broker.call(abort, self.broker.core)
+
+    def cleanup(self) -> None:
+        try:
+            ch = self.channel()
+            for name in self._declared:
+                ch.queue_delete(name)
+        except Exception:
+            pass
+        self.close_publisher()
+
+
+class Collector:
+    """A foreachBatch sink that keeps every batch's rows (the function runs in this driver process).
+
+    `probe(batch_id, rows)` may be given to look at the broker while the batch runs; what it returns is
+    kept in `probes[batch_id]`.
+    """
+
+    def __init__(self, probe=None):
+        self.batches: dict[int, list] = {}
+        self.probes: dict[int, object] = {}
+        self.order: list[int] = []
+        self._probe = probe
+
+    def __call__(self, df, batch_id):
+        rows = df.collect()
+        self.batches[batch_id] = rows
+        self.order.append(batch_id)
+        if self._probe is not None:
+            self.probes[batch_id] = self._probe(batch_id, rows)
+
+    @property
+    def rows(self) -> list:
+        return [r for b in sorted(self.batches) for r in self.batches[b]]
+
+    def bodies(self) -> list[bytes]:
+        return [bytes(r.body) for r in self.rows]
+
+
+def stream(spark, url: str, queue: str, **options):
+    """spark.readStream.format("amqp") over `queue` with extra options."""
+    reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
+    for k, v in options.items():
+        reader = reader.option(k, str(v))
+    return reader.load()
+
+
+def checkpoint(tmp_path, name: str = "chk") -> str:
+    return str(tmp_path / f"{name}-{uuid.uuid4().hex[:6]}")

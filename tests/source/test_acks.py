@@ -1,0 +1,106 @@
+"""Acks map to commits: a delivery is acked once Spark has committed the batch that holds it, not earlier,
+and then promptly (DESIGN.md, "When to ack, precisely").
+
+The probe is a foreachBatch sink: while batch N runs, it asks the broker how many of the queue's messages
+it still holds (ready + unacked). Nothing of batch N or later may be acked yet, and every earlier batch
+must be acked already (Spark committed it before planning N), so the broker holds exactly the messages
+published minus those of batches before N.
+"""
+
+from __future__ import annotations
+
+import time
+
+from source_helpers import Collector, checkpoint, stream, wait_until
+
+
+def test_batch_is_unacked_while_it_runs_and_acked_after_its_commit(spark, env, tmp_path):
+    total = 30
+    q = env.queue("acktiming")
+    env.publish(q, [f"m{i}" for i in range(total)])
+
+    counts: dict[int, int] = {}         # batch id -> rows
+
+    def probe(batch_id, rows):
+        counts[batch_id] = len(rows)
+        acked_before = sum(n for b, n in counts.items() if b < batch_id)
+        expected = total - acked_before
+        # The previous batch's ack is sent before this batch is planned; give the broker a moment to
+        # have processed it, but a value below `expected` (this batch acked early) never comes back up.
+        deadline = time.monotonic() + 5
+        while True:
+            ready, unacked = env.state(q)
+            if ready + unacked == expected or time.monotonic() > deadline:
+                return expected, ready, unacked
+
+    sink = Collector(probe)
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=10).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="200 milliseconds")
+             .start())
+    wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, message="all rows")
+    assert query.exception() is None
+    assert sorted(sink.bodies()) == sorted(f"m{i}".encode() for i in range(total))
+    assert len([b for b in sink.batches if sink.batches[b]]) >= 3, "maxMessagesPerTrigger=10 gave <3 batches"
+
+    for batch_id, (expected, ready, unacked) in sorted(sink.probes.items()):
+        rows = len(sink.batches[batch_id])
+        assert ready + unacked == expected, (
+            f"batch {batch_id} ({rows} rows): the broker held {ready} ready + {unacked} unacked while it "
+            f"ran; expected {expected} (acked exactly the {total - expected} rows of earlier batches)")
+        assert unacked >= rows, f"batch {batch_id}: its own {rows} deliveries must be unacked while it runs"
+
+    # After the last batch's commit the next trigger acks it while the query keeps running.
+    env.wait_state(q, (0, 0), timeout=15, query=query)
+    query.stop()
+
+
+def test_idle_stream_acks_its_last_batch_while_the_query_runs(spark, env, tmp_path):
+    q = env.queue("idle")
+    env.publish(q, [f"i{i}" for i in range(6)])
+    sink = Collector()
+    query = (stream(spark, env.url, q).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="100 milliseconds")
+             .start())
+    wait_until(lambda: len(sink.rows) >= 6 or query.exception(), 60, message="6 rows")
+    batches_when_done = len(sink.order)
+    # No new messages: the query idles; within a few triggers its last batch must be acked.
+    env.wait_state(q, (0, 0), timeout=10, query=query)
+    assert query.isActive
+    assert len(sink.order) == batches_when_done, "an idle stream ran another batch with rows"
+    assert sorted(sink.bodies()) == sorted(f"i{i}".encode() for i in range(6))
+    query.stop()
+
+
+def test_available_now_leaves_nothing_unacked_and_a_second_run_reads_no_duplicate(spark, env, tmp_path):
+    q = env.queue("availnow")
+    chk = checkpoint(tmp_path)
+    env.publish(q, [f"a{i}" for i in range(10)])
+
+    first = Collector()
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(first)
+             .option("checkpointLocation", chk).trigger(availableNow=True).start())
+    assert query.awaitTermination(60), "the first availableNow run did not end"
+    assert query.exception() is None
+    assert sorted(first.bodies()) == sorted(f"a{i}".encode() for i in range(10))
+    assert env.state(q) == (0, 0), "after an availableNow run nothing may stay ready or unacked"
+
+    # Same checkpoint, nothing new: a second run must read nothing.
+    second = Collector()
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(second)
+             .option("checkpointLocation", chk).trigger(availableNow=True).start())
+    assert query.awaitTermination(60), "the second availableNow run did not end"
+    assert query.exception() is None
+    assert second.bodies() == [], f"the second run re-read {second.bodies()}"
+
+    # Same checkpoint, new messages: exactly those. (The finished run's consumer leaves just after
+    # awaitTermination returns; a message published before that would reach it and come back redelivered.)
+    env.wait_no_consumer(q)
+    env.publish(q, [f"b{i}" for i in range(5)])
+    third = Collector()
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(third)
+             .option("checkpointLocation", chk).trigger(availableNow=True).start())
+    assert query.awaitTermination(60), "the third availableNow run did not end"
+    assert query.exception() is None
+    assert sorted(third.bodies()) == sorted(f"b{i}".encode() for i in range(5))
+    assert [bytes(r.body) for r in first.rows + third.rows if r.redelivered] == []
+    assert env.state(q) == (0, 0)

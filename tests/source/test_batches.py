@@ -1,0 +1,58 @@
+"""Batch sizes and triggers: maxMessagesPerTrigger, availableNow over a backlog, several queues."""
+
+from __future__ import annotations
+
+from chispa import assert_df_equality
+
+from source_helpers import Collector, checkpoint, stream
+
+
+def test_max_messages_per_trigger_bounds_each_batch(spark, env, tmp_path):
+    q = env.queue("maxpertrigger")
+    env.publish(q, [f"m{i}" for i in range(25)])
+    sink = Collector()
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=10).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    assert query.awaitTermination(60)
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress]
+    assert sum(sizes) == 25, sizes
+    assert all(n <= 10 for n in sizes), f"a batch exceeded maxMessagesPerTrigger=10: {sizes}"
+    assert len([n for n in sizes if n]) >= 3, sizes
+    assert sorted(len(rows) for rows in sink.batches.values() if rows) == sorted(n for n in sizes if n)
+
+
+def test_available_now_drains_a_backlog_and_stops(spark, env, tmp_path):
+    total = 300
+    q = env.queue("backlog")
+    env.publish(q, [f"b{i:03d}" for i in range(total)])
+    sink = Collector()
+    # prefetch 40 is far below the backlog: the run must keep taking batches until the backlog is gone.
+    query = (stream(spark, env.url, q, prefetch=40).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    assert query.awaitTermination(90), "availableNow did not stop by itself"
+    assert not query.isActive
+    assert query.exception() is None
+    assert sorted(sink.bodies()) == [f"b{i:03d}".encode() for i in range(total)]
+    assert env.state(q) == (0, 0)
+
+
+def test_two_queues_in_one_query(spark, env, tmp_path):
+    a = env.queue("qa")
+    b = env.queue("qb")
+    env.publish(a, [f"a{i}" for i in range(5)])
+    env.publish(b, [f"b{i}" for i in range(7)])
+    sink = Collector()
+    query = (stream(spark, env.url, f"{a},{b}").writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    assert query.awaitTermination(60)
+    assert query.exception() is None
+
+    actual = spark.createDataFrame([(r.queue, r.routing_key, bytes(r.body)) for r in sink.rows],
+                                   "queue string, routing_key string, body binary")
+    expected = spark.createDataFrame(
+        [(a, a, f"a{i}".encode()) for i in range(5)] + [(b, b, f"b{i}".encode()) for i in range(7)],
+        "queue string, routing_key string, body binary")
+    assert_df_equality(actual, expected, ignore_row_order=True)
+    assert env.state(a) == (0, 0)
+    assert env.state(b) == (0, 0)
