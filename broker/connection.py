@@ -209,7 +209,7 @@ class Connection:
                 return
             if ch.pending is None or ch.pending[3] is not None:
                 raise replies.connection_error(
-                    replies.UNEXPECTED_FRAME, f"expected method frame, got non method frame instead")
+                    replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
             try:
                 ch.on_header(payload)
             except replies.AMQPError as exc:
@@ -220,7 +220,7 @@ class Connection:
                 return
             if ch.pending is None or ch.pending[3] is None:
                 raise replies.connection_error(
-                    replies.UNEXPECTED_FRAME, f"expected method frame, got non method frame instead")
+                    replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
             try:
                 ch.on_body(payload)
             except replies.AMQPError as exc:

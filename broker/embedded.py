@@ -55,7 +55,7 @@ class Broker:
     def start(self) -> "Broker":
         if self._thread is not None:
             return self
-        self._thread = threading.Thread(target=self._run, name=f"amqp-broker", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="amqp-broker", daemon=True)
         self._thread.start()
         self._started.wait(timeout=10)
         if self._error is not None:

@@ -9,7 +9,6 @@ dead-lettered when the queue has `x-dead-letter-exchange`.
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 
 from . import limits, replies

@@ -225,13 +225,13 @@ class VirtualHost:
     def bind_queue(self, q: Queue, exchange: str, routing_key: str, arguments) -> None:
         if exchange == "":
             raise replies.channel_error(replies.ACCESS_REFUSED,
-                                        f"operation not permitted on the default exchange")
+                                        "operation not permitted on the default exchange")
         self.get_exchange(exchange).bind(q, routing_key, arguments or {})
 
     def unbind_queue(self, q: Queue, exchange: str, routing_key: str, arguments) -> None:
         if exchange == "":
             raise replies.channel_error(replies.ACCESS_REFUSED,
-                                        f"operation not permitted on the default exchange")
+                                        "operation not permitted on the default exchange")
         x = self.exchanges.get(exchange)
         if x is not None and x.unbind(q, routing_key, arguments or {}):
             self._maybe_auto_delete(x)

@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     broker_cfg = cfg.get("broker", {})
     workdir = tempfile.mkdtemp(prefix="spark-amqp-demo-")
-    print(f"== starting the embedded AMQP broker")
+    print("== starting the embedded AMQP broker")
     with Broker(host=broker_cfg.get("host", "127.0.0.1"), port=broker_cfg.get("port", 0)) as broker:
         url = broker.url
         print(f"   listening on {broker.host}:{broker.port}")

@@ -99,7 +99,6 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # (a second would strand the first one's deliveries unacked until the connection closes).
             return {"seq": seq + 1}
         cap = self._batch_cap(limit)
-        wait = 0.0
         if self._available_now_left is not None:
             if self._available_now_left <= 0:
                 if not self._barrier_done:
