@@ -167,40 +167,44 @@ class TaskPublisher:
         mandatory = self.mandatory
         timeout = self.confirm_timeout
         empty = b""
-        if exchanges is None:
-            self.exchanges_seen.setdefault(ex_default)
-        if exchanges is None and keys is None:
-            # The common case (the benchmark's): every row to the same exchange and key.
+        done = 0   # a local counter (cheaper than an attribute per message); self.published in `finally`
+        try:
+            if exchanges is None:
+                self.exchanges_seen.setdefault(ex_default)
+            if exchanges is None and keys is None:
+                # The common case (the benchmark's): every row to the same exchange and routing key.
+                if encoded is None:
+                    for body in bodies:
+                        publish(ex_default, rk_default, body if body is not None else empty, b"\x00\x00",
+                                mandatory, timeout)
+                        done += 1
+                else:
+                    for body, p in zip(bodies, encoded):
+                        publish(ex_default, rk_default, body if body is not None else empty, p, mandatory, timeout)
+                        done += 1
+                return
             if encoded is None:
-                p = b"\x00\x00"
-                for body in bodies:
-                    publish(ex_default, rk_default, body if body is not None else empty, p, mandatory, timeout)
-                    self.published += 1
-            else:
-                for body, p in zip(bodies, encoded):
-                    publish(ex_default, rk_default, body if body is not None else empty, p, mandatory, timeout)
-                    self.published += 1
-            return
-        if encoded is None:
-            encoded = [b"\x00\x00"] * n
-        if exchanges is None:
-            exchanges = [None] * n
-        if keys is None:
-            keys = [None] * n
-        seen = self.exchanges_seen
-        for body, ex, rk, p in zip(bodies, exchanges, keys, encoded):
-            if ex is None:
-                ex = ex_default
-            elif ex not in seen and len(seen) < 10:
-                seen[ex] = None
-            if rk is None:
-                rk = rk_default
-            try:
-                publish(ex, rk, body if body is not None else empty, p, mandatory, timeout)
-            except ValueError as exc:  # a name longer than 255 bytes (AMQP shortstr)
-                raise SinkError(f"amqp sink ({self.identity.describe()}): row {self.published}: "
-                                f"exchange or routing_key: {exc}") from None
-            self.published += 1
+                encoded = [b"\x00\x00"] * n
+            if exchanges is None:
+                exchanges = [None] * n
+            if keys is None:
+                keys = [None] * n
+            seen = self.exchanges_seen
+            for body, ex, rk, p in zip(bodies, exchanges, keys, encoded):
+                if ex is None:
+                    ex = ex_default
+                elif ex not in seen and len(seen) < 10:
+                    seen[ex] = None
+                if rk is None:
+                    rk = rk_default
+                try:
+                    publish(ex, rk, body if body is not None else empty, p, mandatory, timeout)
+                except ValueError as exc:  # a name longer than 255 bytes (AMQP shortstr)
+                    raise SinkError(f"amqp sink ({self.identity.describe()}): row {first + done}: "
+                                    f"exchange or routing_key: {exc}") from None
+                done += 1
+        finally:
+            self.published = first + done
 
     # ----------------------------------------------------------------------------------------- errors
 
