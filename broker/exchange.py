@@ -45,9 +45,6 @@ class Exchange:
         for key in [k for k in self.bindings if k[0] is dest]:
             self.unbind(dest, key[1], self.bindings[key])
 
-    def has_binding(self, dest, routing_key: str, arguments: dict) -> bool:
-        return (dest, routing_key, _freeze(arguments)) in self.bindings
-
     def _bound(self, dest, routing_key, arguments):
         pass
 

@@ -29,9 +29,6 @@ HEARTBEAT_MISSES_ALLOWED = 2
 # x-max-priority: RabbitMQ accepts 1..255 (values above 255 are a precondition failure).
 MAX_PRIORITY_LIMIT = 255
 
-# Short strings (queue, exchange, consumer-tag names) are at most 255 octets (spec 4.2.5.3).
-SHORTSTR_MAX = 255
-
 # Bytes the broker buffers for one connection before it stops delivering to that connection's consumers
 # until the socket drains. Keeps a slow consumer with prefetch 0 from pulling a whole queue into memory.
 CONNECTION_OUTPUT_HIGH_WATER = 1 << 20

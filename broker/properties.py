@@ -171,7 +171,7 @@ def encode_value(value) -> bytes:
         return b"d" + struct.pack(">d", value)
     import decimal
     if isinstance(value, decimal.Decimal):
-        sign, digits, exponent = value.as_tuple()
+        exponent = value.as_tuple().exponent
         scale = max(0, -exponent)
         return b"D" + bytes((scale,)) + struct.pack(">i", int(value.scaleb(scale)))
     raise TypeError(f"cannot encode {type(value).__name__} in a field table")

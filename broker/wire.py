@@ -32,7 +32,6 @@ _content_head = struct.Struct(">HHQ")         # class-id, weight, body-size
 
 HEARTBEAT_FRAME = _frame_head.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
 
-BASIC_CLASS = 60
 PUBLISH_ID = (60 << 16) | 40
 ACK_ID = (60 << 16) | 80
 DELIVER_METHOD = _method_ids.pack(60, 60)
