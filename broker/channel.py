@@ -163,8 +163,8 @@ class Channel:
                                      m.arguments, self.conn)
         self.last_queue = q.name
         if not m.nowait:
-            self.reply(C.Queue.DeclareOk(queue=q.name, message_count=q.message_count(),
-                                         consumer_count=len(q.consumers)))
+            self.reply(wire.unchecked(C.Queue.DeclareOk, queue=q.name, message_count=q.message_count(),
+                                      consumer_count=len(q.consumers)))
 
     def on_queue_bind(self, m):
         q = self._queue_named(m.queue)
@@ -247,8 +247,9 @@ class Channel:
         self.next_tag = tag + 1
         if not m.no_ack:
             self.unacked[tag] = (msg, q, None)
-        self.reply(C.Basic.GetOk(delivery_tag=tag, redelivered=msg.redelivered, exchange=msg.exchange,
-                                 routing_key=msg.routing_key, message_count=q.message_count()))
+        self.reply(wire.unchecked(C.Basic.GetOk, delivery_tag=tag, redelivered=msg.redelivered,
+                                  exchange=msg.exchange, routing_key=msg.routing_key,
+                                  message_count=q.message_count()))
         self.conn.write_content(self.number, msg)
 
     def on_basic_ack(self, m):
@@ -431,7 +432,7 @@ class Channel:
             self._apply_properties(m, props)
             if "headers_raw" in props:
                 cc = self._sender_selected_keys(m, props["headers_raw"])
-        self.conn.has_published = True
+        self.conn.note_publish()
         if self.confirming:
             self.publish_seq += 1
         if self.transactional:
@@ -493,7 +494,7 @@ class Channel:
         ok = True
         if not queues:
             if mandatory:
-                self.reply(C.Basic.Return(reply_code=replies.NO_ROUTE, reply_text="NO_ROUTE",
+                self.reply(wire.unchecked(C.Basic.Return, reply_code=replies.NO_ROUTE, reply_text="NO_ROUTE",
                                           exchange=m.exchange, routing_key=m.routing_key))
                 self.conn.write_content(self.number, m)
         else:

@@ -422,8 +422,6 @@ class Connection:
         self.vhost = vhost
         self.state = state.OPEN
         self.send_method(0, C.Connection.OpenOk())
-        if self.core.alarm and self.capabilities.get("connection.blocked"):
-            self._send_blocked(True)
 
     def _on_close(self, m) -> None:
         self._release()
@@ -447,8 +445,17 @@ class Connection:
     # --- alarms, timers, teardown ----------------------------------------------------------------
 
     def on_alarm(self, active: bool) -> None:
-        if self.state is state.OPEN and self.capabilities.get("connection.blocked"):
+        """RabbitMQ (rabbit_reader:maybe_block) blocks only connections that publish: one that has
+        published is blocked when the alarm goes off, any other at its first publish during the alarm."""
+        if self.state is state.OPEN and self.capabilities.get("connection.blocked") and (
+                self.has_published or not active):
             self._send_blocked(active)
+
+    def note_publish(self) -> None:
+        if not self.has_published:
+            self.has_published = True
+            if self.core.alarm:
+                self.on_alarm(True)
 
     def _send_blocked(self, active: bool) -> None:
         if active and not self.blocked_sent:

@@ -80,6 +80,22 @@ class FrameReader:
                 self.buffer = buf[pos:]
 
 
+_UNCHECKED: dict[type, type] = {}
+
+
+def unchecked(cls, **kwargs):
+    """A pamqp method object without pamqp's name check, for replies that echo a client's names.
+
+    pamqp refuses queue and exchange names outside ``[a-zA-Z0-9-_.:@#,/+ ]``; RabbitMQ accepts any UTF-8
+    short string (errata: names are shortstr), so a queue named "événements" must get its declare-ok.
+    The subclass defines no __slots__, so pamqp's marshal still walks the method's own argument list.
+    """
+    sub = _UNCHECKED.get(cls)
+    if sub is None:
+        sub = _UNCHECKED[cls] = type(cls.__name__, (cls,), {"validate": lambda self: None})
+    return sub(**kwargs)
+
+
 def method_frame(channel: int, method) -> bytes:
     """Marshal a pamqp method object into one frame."""
     return pamqp_frame.marshal(method, channel)

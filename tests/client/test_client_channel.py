@@ -157,13 +157,8 @@ def test_channel_error_leaves_the_connection_usable(connect, unique_name):
     assert conn.is_open
 
 
-def test_non_ascii_names(channel, unique_name, broker_kind, request):
+def test_non_ascii_names(channel, unique_name):
     """RabbitMQ accepts any UTF-8 name up to 255 bytes; pamqp's own validation would refuse "é"."""
-    if broker_kind == "embedded":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="embedded broker answers queue.declare('événements-…') with connection "
-                                "close 541 INTERNAL_ERROR 'Invalid value for queue' (pamqp's name regex); "
-                                "RabbitMQ accepts it"))
     name = unique_name("événements-ü")
     assert channel.queue_declare(name, exclusive=True).name == name
     channel.publish("", name, b"x")

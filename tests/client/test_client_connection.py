@@ -258,8 +258,6 @@ def test_connection_blocked_and_unblocked_are_tracked():
             assert time.monotonic() - started < 2 and not publisher.is_open
 
 
-@pytest.mark.xfail(strict=True, reason="embedded broker sends connection.blocked to every connection with "
-                   "the capability; RabbitMQ (rabbit_reader maybe_block) only to one that publishes")
 def test_connection_that_never_published_is_not_blocked():
     with Broker(port=0, memory_high_watermark=4096) as broker:
         with Connection.open(broker.url) as publisher, Connection.open(broker.url) as consumer:
