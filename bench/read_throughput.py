@@ -73,12 +73,14 @@ def pika_drain(url: str, queue: str, n: int, size: int) -> float:
     return n / (c.t1 - c.t0)
 
 
-def spark_drain(spark, url: str, queue: str, n: int) -> tuple[float, int]:
+def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None) -> tuple[float, int]:
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
     with PeakRSS() as rss:
         t0 = time.perf_counter()
-        q = (spark.readStream.format("amqp").option("uri", url).option("queue", queue).load()
-             .writeStream.format("noop").option("checkpointLocation", checkpoint)
+        reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
+        if prefetch:
+            reader = reader.option("prefetch", prefetch)
+        q = (reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
         q.awaitTermination()
         seconds = time.perf_counter() - t0
@@ -103,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", type=int, default=100)
     p.add_argument("--skip-rabbitmq", action="store_true")
     p.add_argument("--skip-embedded", action="store_true")
+    p.add_argument("--prefetch", type=int, default=None, help="the source's prefetch option (default: its own)")
     args = p.parse_args(argv)
 
     spark = start_spark()
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
                 preload(t.url, queue, args.messages, args.size)
                 a = pika_drain(t.url, queue, args.messages, args.size)
                 preload(t.url, queue, args.messages, args.size)
-                b, peak = spark_drain(spark, t.url, queue, args.messages)
+                b, peak = spark_drain(spark, t.url, queue, args.messages, args.prefetch)
                 results[t.name] = (a, b, peak)
                 print(f"{t.name:<9} pika {a:>10,.0f} msg/s   spark {b:>10,.0f} msg/s   ratio b/a {b / a:.2f}   "
                       f"source process peak RSS {peak / 2**20:,.0f} MB", flush=True)
