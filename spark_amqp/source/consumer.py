@@ -1,5 +1,6 @@
-"""The driver's side of queue mode: one connection, a manual-ack consumer per queue, batches of
-deliveries taken from them, and acks when Spark says a batch is committed.
+"""The driver's side of queue mode: one connection, manual-ack consumers on each queue (one channel per
+65,535 of prefetch, basic.qos's limit), batches of deliveries taken from them, and acks when Spark says a
+batch is committed.
 
 Knows nothing of Spark. `take()` hands out deliveries already received (the consumers' prefetch keeps them
 flowing while Spark runs a batch); `ack_through(seq)` acks every batch numbered `seq` or lower with one
@@ -71,7 +72,7 @@ class QueueConsumer:
     # --- session ---------------------------------------------------------------------------------
 
     def connect(self, consume: bool = True) -> None:
-        """Open the connection and one consuming channel per queue (declaring/binding as asked);
+        """Open the connection and each queue's consuming channels (declaring/binding as asked);
         with consume=False only the checks and declarations, no consumer (nothing is prefetched).
 
         User errors (bad credentials, missing queue, unreachable broker on the first connect) raise
