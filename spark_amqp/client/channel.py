@@ -28,9 +28,11 @@ from pamqp import commands
 from . import frames
 from .errors import (REPLY_SUCCESS, AMQPError, AMQPTimeoutError, ChannelClosedError, ConnectionClosedError,
                      ConsumerCancelledError, PublishNackedError, UnroutableError)
-from .frames import Delivery, Returned, build, encode_ack, encode_properties, encode_publish, method_frame
+from .frames import (EMPTY_PROPERTIES, Delivery, Returned, build, encode_ack, encode_properties, encode_publish,
+                     method_frame)
 
 DEFAULT_WINDOW = 1000   # unconfirmed messages in flight; what the broker benchmark (issue 2) uses with pika
+PUBLISH_GROUP = 64      # messages per write in publish_many (about 10 KB of 100-byte messages)
 MAX_KEPT_RETURNS = 100  # returned messages kept for inspection; all are counted
 
 
@@ -312,6 +314,45 @@ class Channel:
             raise self._error.fresh()
         self.connection._send(data)
         return seq
+
+    def publish_many(self, exchange: str, routing_key: str, bodies, properties=None, mandatory: bool = False,
+                     timeout: float | None = None) -> int:
+        """Publish several messages to one exchange and routing key; returns how many.
+
+        The same frames as `publish`, but up to PUBLISH_GROUP messages go out in one write with their
+        window slots reserved together: per message, one socket write and one lock round trip fewer,
+        which is most of what a Python publisher spends. `properties`: None (no properties) or a
+        sequence of pre-encoded property bytes, one per body.
+        """
+        ex = self._shortstr.get(exchange) or self._intern(exchange)
+        rk = self._shortstr.get(routing_key) or self._intern(routing_key)
+        frame_max = self.connection.frame_max
+        number = self.number
+        n = len(bodies)
+        done = 0
+        while done < n:
+            k = min(PUBLISH_GROUP, n - done)
+            if self._confirming:
+                with self._cond:
+                    if len(self._pending) - len(self._singly_done) >= self._window:
+                        self._wait_window(timeout)
+                    if self._error is not None:
+                        raise self._error.fresh()
+                    k = min(k, self._window - (len(self._pending) - len(self._singly_done)))
+                    first = self._next_seq
+                    self._next_seq = first + k
+                    self._pending.extend(range(first, first + k))
+                    self._published += k
+            elif self._error is not None:
+                raise self._error.fresh()
+            data = b"".join(
+                encode_publish(number, ex, rk, mandatory,
+                               EMPTY_PROPERTIES if properties is None else properties[i],
+                               bodies[i] if bodies[i] is not None else b"", frame_max)
+                for i in range(done, done + k))
+            self.connection._send(data)
+            done += k
+        return n
 
     def _intern(self, text: str) -> bytes:
         raw = frames.shortstr(text)

@@ -173,15 +173,12 @@ class TaskPublisher:
                 self.exchanges_seen.setdefault(ex_default)
             if exchanges is None and keys is None:
                 # The common case (the benchmark's): every row to the same exchange and routing key.
-                if encoded is None:
-                    for body in bodies:
-                        publish(ex_default, rk_default, body if body is not None else empty, b"\x00\x00",
-                                mandatory, timeout)
-                        done += 1
-                else:
-                    for body, p in zip(bodies, encoded):
-                        publish(ex_default, rk_default, body if body is not None else empty, p, mandatory, timeout)
-                        done += 1
+                # publish_many writes 64 messages at a time; slices keep `done` accurate if it fails.
+                publish_many = self._channel.publish_many
+                for start in range(0, n, 1024):
+                    done += publish_many(ex_default, rk_default, bodies[start:start + 1024],
+                                         None if encoded is None else encoded[start:start + 1024],
+                                         mandatory, timeout)
                 return
             if encoded is None:
                 encoded = [b"\x00\x00"] * n

@@ -34,6 +34,28 @@ def test_ten_thousand_confirmed_with_a_window(channel, unique_name):
     assert first.body == b"message 00000"
 
 
+def test_publish_many_keeps_order_window_and_properties(channel, unique_name):
+    """publish_many writes messages in groups: the same messages, in order, within the window."""
+    from spark_amqp.client import encode_properties
+
+    q = channel.queue_declare(unique_name(), exclusive=True).name
+    channel.confirm_select(window=100)
+    bodies = [b"m%05d" % i for i in range(5_000)]
+    props = [encode_properties({"message_id": str(i), "headers": {"n": i}}) for i in range(5_000)]
+    assert channel.publish_many("", q, bodies[:10]) == 10              # no properties
+    assert channel.unconfirmed <= 100
+    assert channel.publish_many("", q, bodies[10:], props[10:]) == 4_990
+    assert channel.unconfirmed <= 100
+    assert channel.wait_for_confirms(timeout=30) == 5_000
+    channel.basic_consume(q, no_ack=True)
+    got = []
+    while len(got) < 5_000:
+        got += channel.get_deliveries(5_000, timeout=10)
+    assert [d.body for d in got] == bodies
+    assert got[0].properties_raw == b"\x00\x00"
+    assert [d.properties_raw for d in got[10:]] == props[10:]
+
+
 def test_publish_blocks_while_the_window_is_full(broker_url, unique_name):
     """Hold the broker's confirms back (a frozen relay): the publish past the window blocks, a publish
     with a timeout raises, wait_for_confirms times out naming what is outstanding; once the confirms
