@@ -299,19 +299,7 @@ class Channel:
         ex = self._shortstr.get(exchange) or self._intern(exchange)
         rk = self._shortstr.get(routing_key) or self._intern(routing_key)
         data = encode_publish(self.number, ex, rk, mandatory, props, body, self.connection.frame_max)
-        seq = None
-        if self._confirming:
-            with self._cond:
-                if len(self._pending) - len(self._singly_done) >= self._window:
-                    self._wait_window(timeout)
-                if self._error is not None:
-                    raise self._error.fresh()
-                seq = self._next_seq
-                self._next_seq = seq + 1
-                self._pending.append(seq)
-                self._published += 1
-        elif self._error is not None:
-            raise self._error.fresh()
+        seq, _ = self._reserve(1, timeout)
         self.connection._send(data)
         return seq
 
@@ -331,20 +319,7 @@ class Channel:
         n = len(bodies)
         done = 0
         while done < n:
-            k = min(PUBLISH_GROUP, n - done)
-            if self._confirming:
-                with self._cond:
-                    if len(self._pending) - len(self._singly_done) >= self._window:
-                        self._wait_window(timeout)
-                    if self._error is not None:
-                        raise self._error.fresh()
-                    k = min(k, self._window - (len(self._pending) - len(self._singly_done)))
-                    first = self._next_seq
-                    self._next_seq = first + k
-                    self._pending.extend(range(first, first + k))
-                    self._published += k
-            elif self._error is not None:
-                raise self._error.fresh()
+            _, k = self._reserve(min(PUBLISH_GROUP, n - done), timeout)
             data = b"".join(
                 encode_publish(number, ex, rk, mandatory,
                                EMPTY_PROPERTIES if properties is None else properties[i],
@@ -354,6 +329,25 @@ class Channel:
             done += k
         return n
 
+    def _reserve(self, count: int, timeout: float | None) -> tuple[int | None, int]:
+        """Sequence numbers for up to `count` publishes: (first, how many). In confirm mode it waits while
+        the window is full and takes only the slots that are free; otherwise (None, count)."""
+        if not self._confirming:
+            if self._error is not None:
+                raise self._error.fresh()
+            return None, count
+        with self._cond:
+            if self.unconfirmed >= self._window:
+                self._wait_window(timeout)
+            if self._error is not None:
+                raise self._error.fresh()
+            count = min(count, self._window - self.unconfirmed)
+            first = self._next_seq
+            self._next_seq = first + count
+            self._pending.extend(range(first, first + count))
+            self._published += count
+            return first, count
+
     def _intern(self, text: str) -> bytes:
         raw = frames.shortstr(text)
         if len(self._shortstr) < 1024:
@@ -362,7 +356,7 @@ class Channel:
 
     def _wait_window(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while len(self._pending) - len(self._singly_done) >= self._window:
+        while self.unconfirmed >= self._window:
             if self._error is not None:
                 raise self._error.fresh()
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -377,7 +371,7 @@ class Channel:
         (mandatory messages returned, naming the first one's exchange and routing key), and resets."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._confirming and len(self._pending) - len(self._singly_done) > 0:
+            while self._confirming and self.unconfirmed > 0:
                 if self._error is not None:
                     raise self._error.fresh()
                 remaining = None if deadline is None else deadline - time.monotonic()
