@@ -187,14 +187,15 @@ class Connection:
             if channel:
                 ch = self.channels.get(channel)
                 if ch is not None and ch.pending is None:
-                    if wire.method_index(payload) == wire.PUBLISH_ID:
+                    index = wire.method_index(payload)
+                    if index == wire.PUBLISH_ID:
                         exchange, rk, mandatory, immediate = wire.parse_publish(payload)
                         try:
                             ch.start_publish(exchange, rk, mandatory, immediate)
                         except replies.AMQPError as exc:
                             self._exception_on(ch, exc)
                         return
-                    if wire.method_index(payload) == wire.ACK_ID:
+                    if index == wire.ACK_ID:
                         tag, multiple = wire.parse_ack(payload)
                         try:
                             ch.settle(tag, multiple, "ack")
