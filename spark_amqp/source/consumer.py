@@ -66,14 +66,15 @@ class QueueConsumer:
         self.channels_per_queue = -(-self.prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
+        self.consuming = False      # consumers started (connect() or the first take())
         self._failures = 0
         self._next_attempt = 0.0
 
     # --- session ---------------------------------------------------------------------------------
 
     def connect(self, consume: bool = True) -> None:
-        """Open the connection and each queue's consuming channels (declaring/binding as asked);
-        with consume=False only the checks and declarations, no consumer (nothing is prefetched).
+        """Open the connection and a channel per queue (declaring/binding as asked), and start the
+        consumers if `consume` (else the first `take()` starts them: until then nothing is prefetched).
 
         User errors (bad credentials, missing queue, unreachable broker on the first connect) raise
         SourceError with a message that names the problem and never the password."""
@@ -85,9 +86,13 @@ class QueueConsumer:
             raise SourceError(f"the broker refused the credentials for {redact(uri)}: {exc}") from None
         except ConnectError as exc:
             raise SourceError(f"cannot reach the AMQP broker: {exc}") from None
+        self.consuming = self.consuming or consume
         try:
             for q in self.queues:
-                self._open_queue(q, consume)
+                self._open_queue(q)
+            if self.consuming:
+                for q in self.queues:
+                    self._consume(q)
         except ChannelClosedError as exc:
             self.close()
             if exc.reply_code == 404:
@@ -97,7 +102,7 @@ class QueueConsumer:
             raise SourceError(f"cannot consume from {self.options['queue']} on {redact(uri)}: {exc}") from None
         self._failures = 0
 
-    def _open_queue(self, q: QueueState, consume: bool = True) -> None:
+    def _open_queue(self, q: QueueState) -> None:
         o = self.options
         ch = self.conn.channel()
         q.channels = [ch]
@@ -109,16 +114,26 @@ class QueueConsumer:
                     ch.queue_bind(q.name, o["exchange"], key)
         elif mode == "passive":
             ch.queue_declare(q.name, passive=True)
-        if not consume:
-            return
+
+    def _consume(self, q: QueueState) -> None:
+        """Manual-ack consumers on the queue, the prefetch shared among its channels."""
         share = -(-self.prefetch // self.channels_per_queue)
-        ch.basic_qos(share)
-        ch.basic_consume(q.name)
-        for _ in range(self.channels_per_queue - 1):
-            extra = self.conn.channel()
-            extra.basic_qos(share)
-            extra.basic_consume(q.name)
-            q.channels.append(extra)
+        while len(q.channels) < self.channels_per_queue:
+            q.channels.append(self.conn.channel())
+        for ch in q.channels:
+            ch.basic_qos(share)
+            ch.basic_consume(q.name)
+
+    def start_consuming(self) -> None:
+        """Start the consumers (once; a reconnect restarts them by itself)."""
+        if not self.consuming and self.ensure_connected():
+            self.consuming = True
+            for q in self.queues:
+                try:
+                    self._consume(q)
+                except AMQPError as exc:
+                    log.warning("AMQP source: cannot consume from %s (%s); reconnecting", q.name, exc)
+                    self._drop(q)
 
     def ensure_connected(self) -> bool:
         """Reconnect after a loss, with backoff; False while waiting for the next attempt."""
@@ -130,7 +145,7 @@ class QueueConsumer:
             return False
         self.close()
         try:
-            self.connect()
+            self.connect(consume=self.consuming)
         except (SourceError, AMQPError, OSError) as exc:
             delay = RECONNECT_BACKOFF[min(self._failures, len(RECONNECT_BACKOFF) - 1)]
             self._failures += 1
@@ -156,6 +171,7 @@ class QueueConsumer:
         """Record batch `seq` from deliveries already received (up to max_count in all; waits up to
         `wait` seconds for the first one). A batch of zero deliveries is still recorded."""
         batch = Batch(seq)
+        self.start_consuming()
         if self.ensure_connected():
             remaining = max_count
             deadline = time.monotonic() + wait
@@ -180,6 +196,25 @@ class QueueConsumer:
                     remaining -= len(got)
         self.batches[seq] = batch
         return batch
+
+    def pending(self) -> int:
+        """Deliveries received and not yet in a batch."""
+        return sum(ch.pending_deliveries for q in self.queues for ch in q.channels)
+
+    def wait_pending(self, count: int, timeout: float, idle: float = 0.1) -> int:
+        """Wait up to `timeout` seconds until `count` deliveries are pending, while they keep arriving (once
+        the first is here, at most `idle` seconds without one). Returns how many are pending."""
+        deadline = time.monotonic() + timeout
+        last, last_change = self.pending(), time.monotonic()
+        while last < count:
+            now = time.monotonic()
+            if now > deadline or (last and now - last_change > idle):
+                break
+            time.sleep(0.01)
+            current = self.pending()
+            if current != last:
+                last, last_change = current, time.monotonic()
+        return last
 
     def _drop(self, q: QueueState) -> None:
         """Forget a queue's channels (the next call reconnects everything)."""
@@ -213,7 +248,8 @@ class QueueConsumer:
         return count
 
     def ready_count(self) -> int:
-        """Messages ready in the queues now plus those received and not yet in a batch."""
+        """Messages ready in the queues now plus those received and not yet in a batch. Exact before the
+        consumers start; afterwards it misses deliveries the broker has sent and we have not received."""
         total = 0
         if not self.ensure_connected():
             return 0

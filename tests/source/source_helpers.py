@@ -114,6 +114,15 @@ class Env:
                 body = body.encode()
             ch.basic_publish(exchange, queue, body, props)
 
+    def publish_bulk(self, queue: str, bodies: list[bytes]) -> None:
+        """Publish many bodies to `queue` fast (our client's pipelined publish_many), all confirmed."""
+        from spark_amqp.client import Connection
+        with Connection.open(self.url) as conn:
+            ch = conn.channel()
+            ch.confirm_select()
+            ch.publish_many("", queue, bodies)
+            ch.wait_for_confirms(timeout=60)
+
     # --- what the broker holds -----------------------------------------------------------------
 
     def state(self, queue: str) -> tuple[int, int]:

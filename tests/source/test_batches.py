@@ -37,6 +37,22 @@ def test_available_now_drains_a_backlog_and_stops(spark, env, tmp_path):
     assert env.state(q) == (0, 0)
 
 
+def test_available_now_reads_a_backlog_larger_than_a_batch_in_one_run(spark, env, tmp_path):
+    # The run counts the backlog before its consumers start. Counted while the broker pushes deliveries
+    # (a prefetch of 70,000, spread over two channels), those on the wire would be missed and the run
+    # would stop that many short.
+    total = 70_000
+    q = env.queue("bigbacklog")
+    env.publish_bulk(q, [b"%06d" % i for i in range(total)])
+    query = (stream(spark, env.url, q, prefetch=total).writeStream.format("noop")
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    assert query.awaitTermination(180), "availableNow did not stop by itself"
+    assert query.exception() is None
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    assert rows == total, f"one availableNow run read {rows} rows of a backlog of {total}"
+    assert env.state(q) == (0, 0)
+
+
 def test_two_queues_in_one_query(spark, env, tmp_path):
     a = env.queue("qa")
     b = env.queue("qb")
