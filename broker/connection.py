@@ -77,8 +77,8 @@ class Connection:
         self.core.dirty.add(self)
 
     def write_delivery(self, channel: int, ctag: bytes, tag: int, m) -> None:
-        frame = wire.deliver_frame(channel, ctag, tag, m.redelivered, wire.shortstr(m.exchange),
-                                   wire.shortstr(m.routing_key))
+        frame = wire.deliver_frame(channel, ctag, tag, m.redelivered, wire.name_shortstr(m.exchange),
+                                   wire.name_shortstr(m.routing_key))
         parts = wire.content_frames(channel, m.header, m.body, self.frame_max)
         parts.insert(0, frame)
         self.out += parts

@@ -125,6 +125,20 @@ def shortstr(value: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
+_shortstrs: dict[str, bytes] = {}
+
+
+def name_shortstr(name: str) -> bytes:
+    """shortstr of an exchange name or routing key on the delivery path: a few distinct names recur in
+    every delivery, so each is encoded once (bounded like `_names`)."""
+    raw = _shortstrs.get(name)
+    if raw is None:
+        raw = shortstr(name)
+        if len(_shortstrs) < _NAMES_MAX:
+            _shortstrs[name] = raw
+    return raw
+
+
 def deliver_frame(channel: int, ctag: bytes, delivery_tag: int, redelivered: bool,
                   exchange: bytes, routing_key: bytes) -> bytes:
     """basic.deliver (spec 1.8.3.9) without pamqp: ctag/exchange/routing_key are pre-encoded shortstrs."""

@@ -268,6 +268,60 @@ def parse_confirm(channel: int, p: bytes, ack: bool) -> Confirm:
 # --------------------------------------------------------------------------------------------- parser
 
 
+_QWORD = struct.Struct(">Q")
+
+
+def _whole_delivery(buf: bytes, pos: int, ch: int, end: int, size_all: int, limit: int, append) -> int:
+    """The consume hot path: a basic.deliver whose content header and single body frame (or no body) are
+    already in `buf`, as brokers write them, parsed in one go into a `Delivery` (no per-frame slices, no
+    `_Content`). Returns the position after its last frame, or 0 to let the general path take the frames
+    one by one (anything unusual: a partial delivery, several body frames, another channel's frame in
+    between, a malformed frame, which the general path then reports)."""
+    h = end + 1
+    if size_all - h < 8:
+        return 0
+    htype, hch, hsize = _FRAME_HEAD.unpack_from(buf, h)
+    hend = h + 7 + hsize
+    if htype != FRAME_HEADER or hch != ch or hsize < 14 or hend >= size_all or buf[hend] != FRAME_END \
+            or (limit and hsize + FRAME_OVERHEAD > limit):
+        return 0
+    body_size = _QWORD.unpack_from(buf, h + 11)[0]
+    if body_size:
+        b = hend + 1
+        if size_all - b < 8:
+            return 0
+        btype, bch, bsize = _FRAME_HEAD.unpack_from(buf, b)
+        bend = b + 7 + bsize
+        if btype != FRAME_BODY or bch != ch or bsize != body_size or bend >= size_all \
+                or buf[bend] != FRAME_END:
+            return 0
+        body = buf[b + 7:bend]
+        after = bend + 1
+    else:
+        body = b""
+        after = hend + 1
+    # basic.deliver arguments (spec 1.8.3.9): consumer-tag shortstr, delivery-tag longlong, redelivered
+    # bit, exchange shortstr, routing-key shortstr.
+    o = pos + 11
+    n = buf[o]
+    ctag = _text(buf[o + 1:o + 1 + n])
+    o += 1 + n
+    tag, bits = _TAG_BITS.unpack_from(buf, o)
+    o += 9
+    n = buf[o]
+    exchange = _text(buf[o + 1:o + 1 + n])
+    o += 1 + n
+    n = buf[o]
+    if o + 1 + n > end:
+        return 0
+    msg = Delivery(ch, ctag, tag, bool(bits & 1), exchange, _text(buf[o + 1:o + 1 + n]))
+    props = buf[h + 19:hend]
+    msg.properties_raw = EMPTY_PROPERTIES if props == EMPTY_PROPERTIES else props
+    msg.body = body
+    append(msg)
+    return after
+
+
 class _Content:
     __slots__ = ("message", "remaining", "chunks")
 
@@ -309,6 +363,11 @@ class FrameParser:
                 break
             if buf[end] != FRAME_END:
                 raise ProtocolError("frame-end octet missing (spec 4.2.3: the frame is malformed)")
+            if ftype == FRAME_METHOD and ch not in content and buf.startswith(DELIVER, pos + 7):
+                done = _whole_delivery(buf, pos, ch, end, size_all, limit, append)
+                if done:
+                    pos = done
+                    continue
             payload = buf[pos + 7:end]
             pos = end + 1
             if ftype == FRAME_METHOD:
