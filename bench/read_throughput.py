@@ -6,7 +6,9 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
   3. preload again; (b) drain it with `spark.readStream.format("amqp")` under `trigger(availableNow=True)`
      into the `noop` sink, timed end to end (query start to termination);
 and print msg/s for each and the ratio b/a, plus the peak resident memory of the driver-side Python
-process that runs the source (bounded by prefetch and batch size, not by the backlog).
+process that runs the source (bounded by prefetch and batch size, not by the backlog). 4. preload again;
+drain it with our AMQP client alone (no Spark), as the source's driver consumes: the rate the broker
+delivers to a fast consumer, which bounds what the source can reach.
 
     python bench/read_throughput.py [--messages 1000000] [--size 100] [--skip-rabbitmq]
 """
@@ -74,6 +76,24 @@ def pika_drain(url: str, queue: str, n: int, size: int) -> float:
     return n / (c.t1 - c.t0)
 
 
+def client_drain(url: str, queue: str, n: int) -> float:
+    """The ceiling: our AMQP client alone (no Spark) drains the queue as the source's driver does (manual
+    acks, basic.ack multiple per 25,000), with the same prefetch per channel as the source's default."""
+    from spark_amqp.client import Connection
+    with Connection.open(url) as conn:
+        ch = conn.channel()
+        ch.basic_qos(50_000)
+        ch.basic_consume(queue)
+        got, t0 = 0, time.perf_counter()
+        while got < n:
+            batch = ch.get_deliveries(25_000, timeout=10)
+            if not batch:
+                raise SystemExit(f"client drain: stalled after {got} of {n} messages")
+            got += len(batch)
+            ch.basic_ack(batch[-1].delivery_tag, multiple=True)
+        return n / (time.perf_counter() - t0)
+
+
 def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None) -> tuple[float, int]:
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
     with PeakRSS() as rss:
@@ -128,16 +148,20 @@ def main(argv=None) -> int:
                 a = pika_drain(t.url, queue, args.messages, args.size)
                 preload(t.url, queue, args.messages, args.size)
                 b, peak = spark_drain(spark, t.url, queue, args.messages, args.prefetch)
-                results[t.name] = (a, b, peak)
+                preload(t.url, queue, args.messages, args.size)
+                c = client_drain(t.url, queue, args.messages)
+                results[t.name] = (a, b, peak, c)
                 print(f"{t.name:<9} pika {a:>10,.0f} msg/s   spark {b:>10,.0f} msg/s   ratio b/a {b / a:.2f}   "
-                      f"source process peak RSS {peak / 2**20:,.0f} MB", flush=True)
+                      f"source process peak RSS {peak / 2**20:,.0f} MB   (our client alone, no Spark: "
+                      f"{c:,.0f} msg/s, {c / a:.2f} x pika)", flush=True)
             finally:
                 delete_queue(t.url, queue)
     finally:
         stop_embedded(proc)
         spark.stop()
     line = "; ".join(f"{name}: pika {a:,.0f} msg/s, spark {b:,.0f} msg/s, ratio {b / a:.2f}, "
-                     f"source RSS {peak / 2**20:,.0f} MB" for name, (a, b, peak) in results.items())
+                     f"source RSS {peak / 2**20:,.0f} MB, client alone {c:,.0f} msg/s ({c / a:.2f})"
+                     for name, (a, b, peak, c) in results.items())
     print(f"\nREADME: {args.messages:,} x {args.size} B, availableNow into noop vs pika (prefetch 1000, "
           f"ack every 100): {line}")
     return 0
