@@ -5,10 +5,10 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
   2. (a) drain it with a plain pika consumer: prefetch 1,000, basic.ack(multiple) every 100;
   3. preload again; (b) drain it with `spark.readStream.format("amqp")` under `trigger(availableNow=True)`
      into the `noop` sink, timed end to end (query start to termination);
-and print msg/s for each and the ratio b/a, plus the peak resident memory of the driver-side Python
-process that runs the source (bounded by prefetch and batch size, not by the backlog). 4. preload again;
-drain it with our AMQP client alone (no Spark), as the source's driver consumes: the rate the broker
-delivers to a fast consumer, which bounds what the source can reach.
+  4. preload again; (c) drain it with our AMQP client alone (no Spark), as the source's driver consumes:
+     the rate the broker delivers to a fast consumer, which bounds what the source can reach;
+and print msg/s for each, the ratio b/a and c/a, plus the peak resident memory of the driver-side Python
+process that runs the source (bounded by prefetch and batch size, not by the backlog).
 
     python bench/read_throughput.py [--messages 1000000] [--size 100] [--skip-rabbitmq]
 """
