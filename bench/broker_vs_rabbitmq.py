@@ -9,7 +9,7 @@ What it measures (the benchmark of issue 2):
 * consume: consume them all from that queue (``basic.qos`` prefetch ``--prefetch`` = 1,000, manual acks,
   ``basic.ack(multiple=True)`` every ``--ack-every`` = 100 deliveries). Timed from ``basic.consume`` to the
   last delivery.
-* both against our embedded broker (started as a subprocess, ``python -m broker --port <free port>``, so
+* both against our embedded broker (started as a subprocess, ``python -m spark_amqp_broker --port <free port>``, so
   that it does not share a process or a GIL with the client) and against RabbitMQ (``--rabbitmq-url``,
   default ``amqp://guest:guest@127.0.0.1:5672/%2F``) in the same run. Each phase is repeated ``--rounds``
   (3) times, alternating which broker goes first, and the median is reported, together with the ratios
@@ -300,7 +300,7 @@ def start_embedded(log_path: Path) -> tuple[subprocess.Popen, Target]:
     port = free_port()
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
+        [sys.executable, "-m", "spark_amqp_broker", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     try:

@@ -12,7 +12,7 @@ What it measures (the benchmark of issue 3):
 * pika: the same messages (same bodies, same queue, same broker) from one pika ``SelectConnection`` with
   publisher confirms and at most 1,000 unconfirmed (``bench/broker_vs_rabbitmq.py``'s ``Publisher``),
   timed from the first publish to the last confirm.
-* both against our embedded broker (a subprocess, ``python -m broker --port <free port>``) and against
+* both against our embedded broker (a subprocess, ``python -m spark_amqp_broker --port <free port>``) and against
   RabbitMQ (``--rabbitmq-url``), ``--rounds`` times each (median), alternating which of ours/pika goes
   first. After each run the queue must hold exactly ``--messages`` messages (else the run fails), and is
   purged; queues are deleted at the end and carry ``x-expires`` so an interrupted run leaves nothing.

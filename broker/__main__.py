@@ -1,4 +1,4 @@
-"""`python -m broker`: run the embedded AMQP 0-9-1 broker standalone, in the foreground."""
+"""`amqp-broker` (or `python -m spark_amqp_broker`): run the embedded AMQP 0-9-1 broker in the foreground."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .server import Server
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m broker",
+        prog="amqp-broker",
         description="Run the spark-amqp embedded AMQP 0-9-1 broker (speaks RabbitMQ's protocol).")
     p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port to listen on (default 5672; 0 = ephemeral)")

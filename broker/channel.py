@@ -12,7 +12,7 @@ import os
 
 from pamqp import commands as C
 
-from . import properties, replies, wire
+from spark_amqp.codec import fields, frames, methods, properties, replies
 from .message import Message
 
 # AMQP field-type tags as RabbitMQ names them in error texts.
@@ -30,7 +30,7 @@ class Consumer:
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments):
         self.tag = tag
-        self.tag_bytes = wire.shortstr(tag)
+        self.tag_bytes = methods.shortstr(tag)
         self.queue = queue
         self.channel = channel
         self.no_ack = no_ack
@@ -98,7 +98,7 @@ class Channel:
         if self.conn.capabilities.get("consumer_cancel_notify") and self.state is OPEN:
             # After whatever reply is being written now: RabbitMQ's queue.delete-ok precedes the
             # basic.cancel it causes (py-amqp relies on that order).
-            self.conn.send_later(wire.method_frame(self.number,
+            self.conn.send_later(frames.method_frame(self.number,
                                                    C.Basic.Cancel(consumer_tag=consumer.tag, nowait=True)))
 
     # --- methods -------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class Channel:
                                      m.arguments, self.conn)
         self.last_queue = q.name
         if not m.nowait:
-            self.reply(wire.unchecked(C.Queue.DeclareOk, queue=q.name, message_count=q.message_count(),
+            self.reply(methods.unchecked(C.Queue.DeclareOk, queue=q.name, message_count=q.message_count(),
                                       consumer_count=len(q.consumers)))
 
     def on_queue_bind(self, m):
@@ -247,7 +247,7 @@ class Channel:
         self.next_tag = tag + 1
         if not m.no_ack:
             self.unacked[tag] = (msg, q, None)
-        self.reply(wire.unchecked(C.Basic.GetOk, delivery_tag=tag, redelivered=msg.redelivered,
+        self.reply(methods.unchecked(C.Basic.GetOk, delivery_tag=tag, redelivered=msg.redelivered,
                                   exchange=msg.exchange, routing_key=msg.routing_key,
                                   message_count=q.message_count()))
         self.conn.write_content(self.number, msg)
@@ -385,7 +385,7 @@ class Channel:
 
     def on_header(self, payload: bytes) -> None:
         p = self.pending
-        class_id, body_size = wire.parse_content_header(payload)
+        class_id, body_size = frames.decode_content_header(payload)
         if class_id != 60:
             raise replies.connection_error(
                 replies.UNEXPECTED_FRAME, f"expected content header for class 60, got one for class {class_id}")
@@ -443,7 +443,7 @@ class Channel:
     def _sender_selected_keys(self, m: Message, headers_raw: bytes) -> list[str]:
         """RabbitMQ's sender-selected distribution: `CC` and `BCC` headers (arrays of strings) add
         routing keys; `BCC` is removed from the message before it is stored."""
-        items = properties.table_items(headers_raw)
+        items = fields.table_items(headers_raw)
         keys: list[str] = []
         has_bcc = False
         for key, value in items:
@@ -456,12 +456,12 @@ class Channel:
                     f'invalid message: {{unacceptable_type_in_header,"{key}",{kind}}}',
                     hard=False, class_id=60, method_id=40)
             keys += [v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)
-                     for v in properties.decode_tagged(value)]
+                     for v in fields.decode_value(value)]
             has_bcc = has_bcc or key == "BCC"
         if has_bcc:
-            prefix, raw = properties.split(m.header)
-            raw["headers"] = properties.table_from_items([(k, v) for k, v in items if k != "BCC"])
-            m.header = properties.join(prefix, raw)
+            raw = properties.split(m.header[12:])
+            raw["headers"] = fields.table_from_items([(k, v) for k, v in items if k != "BCC"])
+            m.header = m.header[:12] + properties.join(raw)
         return keys
 
     def _apply_properties(self, m: Message, props: dict) -> None:
@@ -494,7 +494,7 @@ class Channel:
         ok = True
         if not queues:
             if mandatory:
-                self.reply(wire.unchecked(C.Basic.Return, reply_code=replies.NO_ROUTE, reply_text="NO_ROUTE",
+                self.reply(methods.unchecked(C.Basic.Return, reply_code=replies.NO_ROUTE, reply_text="NO_ROUTE",
                                           exchange=m.exchange, routing_key=m.routing_key))
                 self.conn.write_content(self.number, m)
         else:
@@ -529,7 +529,8 @@ class Channel:
         for run in self.confirm_runs:
             ok, upto, first = run[0], run[1], run[2]
             multiple = upto != first
-            self.conn.write_raw(wire.confirm_frame(self.number, upto, multiple, ok))
+            self.conn.write_raw(methods.encode_ack(self.number, upto, multiple) if ok
+                                else methods.encode_nack(self.number, upto, multiple))
         self.confirm_runs = []
 
     # --- teardown ------------------------------------------------------------------------------

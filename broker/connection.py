@@ -14,7 +14,9 @@ import logging
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
-from . import limits, replies, state, wire
+from spark_amqp.codec import frames, methods, replies
+
+from . import limits, state
 from .channel import Channel
 
 log = logging.getLogger("broker.connection")
@@ -32,7 +34,7 @@ class Connection:
         self.peer = peer
         self.state = state.AWAIT_HEADER
         self._header_buf = b""
-        self.reader = wire.FrameReader(core.config.frame_max)
+        self.reader = frames.FrameReader(core.config.frame_max)
         self.out: list[bytes] = []
         self.later: list[bytes] = []
         self.out_bytes = 0
@@ -67,7 +69,7 @@ class Connection:
         self.core.dirty.add(self)
 
     def send_method(self, channel: int, method) -> None:
-        self._write(wire.method_frame(channel, method))
+        self._write(frames.method_frame(channel, method))
 
     write_raw = _write
 
@@ -77,16 +79,16 @@ class Connection:
         self.core.dirty.add(self)
 
     def write_delivery(self, channel: int, ctag: bytes, tag: int, m) -> None:
-        frame = wire.deliver_frame(channel, ctag, tag, m.redelivered, wire.name_shortstr(m.exchange),
-                                   wire.name_shortstr(m.routing_key))
-        parts = wire.content_frames(channel, m.header, m.body, self.frame_max)
+        frame = methods.encode_deliver(channel, ctag, tag, m.redelivered, methods.name_shortstr(m.exchange),
+                                   methods.name_shortstr(m.routing_key))
+        parts = frames.content_frames(channel, m.header, m.body, self.frame_max)
         parts.insert(0, frame)
         self.out += parts
         self.out_bytes += len(frame) + len(m.header) + len(m.body) + 16
         self.core.dirty.add(self)
 
     def write_content(self, channel: int, m) -> None:
-        for part in wire.content_frames(channel, m.header, m.body, self.frame_max):
+        for part in frames.content_frames(channel, m.header, m.body, self.frame_max):
             self._write(part)
 
     def data_to_send(self) -> bytes:
@@ -161,14 +163,14 @@ class Connection:
     def _receive_protocol_header(self, data: bytes) -> bytes:
         buf = self._header_buf + data
         if len(buf) < 8:
-            if wire.PROTOCOL_HEADER.startswith(buf):
+            if frames.PROTOCOL_HEADER.startswith(buf):
                 self._header_buf = buf
                 return b""
         head, rest = buf[:8], buf[8:]
         self._header_buf = b""
-        if head != wire.PROTOCOL_HEADER:
+        if head != frames.PROTOCOL_HEADER:
             # Spec 4.2.2: reply with the header we support, then close the socket.
-            self._write(wire.PROTOCOL_HEADER)
+            self._write(frames.PROTOCOL_HEADER)
             self.closed = True
             return b""
         self.state = state.AWAIT_START_OK
@@ -187,16 +189,16 @@ class Connection:
             if channel:
                 ch = self.channels.get(channel)
                 if ch is not None and ch.pending is None:
-                    index = wire.method_index(payload)
-                    if index == wire.PUBLISH_ID:
-                        exchange, rk, mandatory, immediate = wire.parse_publish(payload)
+                    index = methods.method_index(payload)
+                    if index == methods.PUBLISH_ID:
+                        exchange, rk, mandatory, immediate = methods.decode_publish(payload)
                         try:
                             ch.start_publish(exchange, rk, mandatory, immediate)
                         except replies.AMQPError as exc:
                             self._exception_on(ch, exc)
                         return
-                    if index == wire.ACK_ID:
-                        tag, multiple = wire.parse_ack(payload)
+                    if index == methods.ACK_ID:
+                        tag, multiple = methods.decode_ack(payload)
                         try:
                             ch.settle(tag, multiple, "ack")
                         except replies.AMQPError as exc:
@@ -250,7 +252,7 @@ class Connection:
     def _method(self, channel: int, payload: bytes) -> None:
         if len(payload) < 4:
             raise replies.connection_error(replies.FRAME_ERROR, "method frame too short")
-        method = wire.unmarshal_method(payload)
+        method = methods.unmarshal_method(payload)
         try:
             self._dispatch_method(channel, method)
         except replies.AMQPError as exc:
@@ -488,7 +490,7 @@ class Connection:
                 self.closed = True
                 return
             if now - self.last_send >= interval / 2:
-                self._write(wire.HEARTBEAT_FRAME)
+                self._write(frames.HEARTBEAT_FRAME)
 
     def _release(self) -> None:
         """Give back what this connection holds: unacked deliveries, consumers, exclusive queues."""

@@ -7,7 +7,7 @@ de-duplication is the virtual host's job (`VirtualHost.route`).
 
 from __future__ import annotations
 
-from . import properties
+from spark_amqp.codec import fields
 
 
 class Exchange:
@@ -164,7 +164,7 @@ class HeadersExchange(Exchange):
 def _message_headers(message) -> dict:
     props = message.read_properties()
     raw = props.get("headers_raw")
-    return properties.decode_table(raw) if raw else {}
+    return fields.decode_table(raw) if raw else {}
 
 
 def headers_match(args: dict, headers: dict) -> bool:

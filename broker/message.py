@@ -9,7 +9,11 @@ __slots__ and nothing optional.
 
 from __future__ import annotations
 
-from . import properties
+from spark_amqp.codec import properties
+
+# Properties the broker itself acts on; a header whose flags carry none of them is not parsed.
+BROKER_READS = (properties.FLAG["headers"] | properties.FLAG["priority"] | properties.FLAG["expiration"]
+                | properties.FLAG["user_id"])
 
 
 class Message:
@@ -42,9 +46,9 @@ class Message:
 
         Returns {} for the common case of a header carrying none of them, without parsing anything.
         """
-        if not properties.flags_of(self.header) & properties.BROKER_READS:
+        if not properties.flags_of(self.header, 12) & BROKER_READS:
             return {}
-        _, raw = properties.split(self.header)
+        raw = properties.split(self.header[12:])
         out = {}
         if "priority" in raw:
             out["priority"] = properties.decode_octet(raw["priority"])

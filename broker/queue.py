@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from . import limits, replies
+from spark_amqp.codec import replies
+
+from . import limits
 from .message import Message
 
 # Arguments RabbitMQ compares on a redeclare (rabbit_amqqueue's equivalence check); others are ignored.

@@ -11,7 +11,7 @@ import base64
 import os
 import time
 
-from . import properties, replies
+from spark_amqp.codec import fields, properties, replies
 from .exchange import EXCHANGE_TYPES, DirectExchange, Exchange, _freeze
 from .message import Message
 from .queue import EQUIVALENCE_ARGS, Queue
@@ -304,14 +304,14 @@ class VirtualHost:
 
 def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
     """The message's content header with x-death updated (see dead_letter), and its prior deaths."""
-    prefix, raw = properties.split(m.header)
-    items = properties.table_items(raw["headers"]) if "headers" in raw else []
+    prefix, raw = m.header[:12], properties.split(m.header[12:])
+    items = fields.table_items(raw["headers"]) if "headers" in raw else []
     entries = []
     others = []
     for key, value in items:
         if key == "x-death":
             try:
-                entries = list(properties.decode_tagged(value))
+                entries = list(fields.decode_value(value))
             except Exception:
                 entries = []
         else:
@@ -331,41 +331,41 @@ def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
                      "exchange": m.exchange, "routing-keys": [m.routing_key, *_cc_keys(m.header)]}
         if "expiration" in raw:
             new_entry["original-expiration"] = properties.decode_shortstr(raw["expiration"])
-    fields = []
+    entry_fields = []
     for k in sorted(new_entry):
         v = new_entry[k]
         if k == "time":
-            fields.append((k, properties.enc_timestamp(v)))
+            entry_fields.append((k, fields.enc_timestamp(v)))
         elif k == "count":
-            fields.append((k, properties.enc_long(int(v))))
+            entry_fields.append((k, fields.enc_long(int(v))))
         else:
-            fields.append((k, properties.encode_value(v)))
-    death_values = [properties.enc_table(fields)]
+            entry_fields.append((k, fields.encode_value(v)))
+    death_values = [fields.enc_table(entry_fields)]
     for e in rest:
-        death_values.append(properties.encode_value(e) if not isinstance(e, dict) else properties.enc_table(
-            [(k, properties.enc_timestamp(v) if k == "time" else
-              properties.enc_long(int(v)) if k == "count" else properties.encode_value(v))
+        death_values.append(fields.encode_value(e) if not isinstance(e, dict) else fields.enc_table(
+            [(k, fields.enc_timestamp(v) if k == "time" else
+              fields.enc_long(int(v)) if k == "count" else fields.encode_value(v))
              for k, v in e.items()]))
     present = {k for k, _ in others}
     firsts = []
     for key, value in (("x-first-death-exchange", m.exchange), ("x-first-death-queue", queue_name),
                        ("x-first-death-reason", reason)):
         if key not in present:
-            firsts.append((key, properties.enc_longstr(value)))
-    new_items = [("x-death", properties.enc_array(death_values))] + firsts + others
-    raw["headers"] = properties.table_from_items(new_items)
+            firsts.append((key, fields.enc_longstr(value)))
+    new_items = [("x-death", fields.enc_array(death_values))] + firsts + others
+    raw["headers"] = fields.table_from_items(new_items)
     raw.pop("expiration", None)
-    return properties.join(prefix, raw), prior
+    return prefix + properties.join(raw), prior
 
 
 def _cc_keys(header: bytes) -> list[str]:
     """The `CC` routing keys a message carries (BCC was stripped when it was published)."""
-    if not properties.flags_of(header) & properties.FLAG["headers"]:
+    if not properties.flags_of(header, 12) & properties.FLAG["headers"]:
         return []
-    _, raw = properties.split(header)
-    for key, value in properties.table_items(raw["headers"]):
+    raw = properties.split(header[12:])
+    for key, value in fields.table_items(raw["headers"]):
         if key == "CC" and value[:1] == b"A":
-            return [_s(v) for v in properties.decode_tagged(value)]
+            return [_s(v) for v in fields.decode_value(value)]
     return []
 
 

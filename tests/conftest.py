@@ -3,7 +3,7 @@
 Tests that need RabbitMQ (the reference broker at 127.0.0.1:5672) skip with a clear reason when it is not
 reachable, so the suite passes on a laptop without it; CI sets SPARK_AMQP_REQUIRE_RABBITMQ=1 and then an
 unreachable RabbitMQ fails those tests instead. The embedded broker comes from our own pytest plugin
-(`broker.pytest_plugin`, fixture `amqp_broker`), registered through the `pytest11` entry point.
+(`spark_amqp_broker.pytest_plugin`, fixture `amqp_broker`), registered through the `pytest11` entry point.
 """
 
 from __future__ import annotations

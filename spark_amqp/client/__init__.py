@@ -14,9 +14,10 @@
             ...
         ch.basic_ack(d.delivery_tag, multiple=True)
 
-Modules: `uri` (amqp:// URIs, `redact`), `errors` (the exception hierarchy), `frames` (frame parser and the
-hand-written per-message codecs), `connection` (socket, handshake, reader thread, heartbeats), `channel`
-(RPCs, deliveries, publishing with confirms).
+Modules: `uri` (amqp:// URIs, `redact`), `errors` (the exception hierarchy), `events` (frames from the
+broker into `Delivery`, `Returned`, `Confirm` and methods, on the shared codec `spark_amqp.codec`),
+`connection` (socket, handshake, reader thread, heartbeats), `channel` (RPCs, deliveries, publishing with
+confirms).
 """
 
 from .channel import Channel, QueueInfo
@@ -24,7 +25,8 @@ from .connection import Connection
 from .errors import (AMQPError, AMQPTimeoutError, AuthenticationError, ChannelClosedError, ConnectError,
                      ConnectionClosedError, ConnectionLostError, ConsumerCancelledError, ProtocolError,
                      PublishNackedError, UnroutableError)
-from .frames import Delivery, Returned, encode_properties
+from ..codec.properties import encode as encode_properties
+from .events import Delivery, Returned
 from .uri import ConnectionParameters, parse_uri, redact
 
 __all__ = [

@@ -25,11 +25,12 @@ from typing import NamedTuple
 
 from pamqp import commands
 
-from . import frames
-from .errors import (REPLY_SUCCESS, AMQPError, AMQPTimeoutError, ChannelClosedError, ConnectionClosedError,
-                     ConsumerCancelledError, PublishNackedError, UnroutableError)
-from .frames import (EMPTY_PROPERTIES, Delivery, Returned, build, encode_ack, encode_properties, encode_publish,
-                     method_frame)
+from ..codec import frames, methods, properties as amqp_properties
+from ..codec.methods import encode_publish_message
+from ..codec.replies import REPLY_SUCCESS
+from .errors import (AMQPError, AMQPTimeoutError, ChannelClosedError, ConnectionClosedError, ConsumerCancelledError,
+                     PublishNackedError, UnroutableError)
+from .events import EMPTY_PROPERTIES, Delivery, Returned
 
 DEFAULT_WINDOW = 1000   # unconfirmed messages in flight; what the broker benchmark (issue 2) uses with pika
 PUBLISH_GROUP = 64      # messages per write in publish_many (about 10 KB of 100-byte messages)
@@ -61,7 +62,6 @@ class Channel:
         self._consumers: set[str] = set()
         self._broker_cancelled: list[str] = []
         # publishing
-        self._shortstr: dict[str, bytes] = {}
         self._confirming = False
         self._window = DEFAULT_WINDOW
         self._next_seq = 1
@@ -76,7 +76,7 @@ class Channel:
     # ------------------------------------------------------------------------------------ lifecycle
 
     def _open(self) -> None:
-        self._rpc(build(commands.Channel.Open), (commands.Channel.OpenOk,))
+        self._rpc(methods.unchecked(commands.Channel.Open), (commands.Channel.OpenOk,))
         self._opened = True
 
     @property
@@ -114,7 +114,7 @@ class Channel:
                 if self._error is not None:
                     raise self._error.fresh()
                 self._rpc_expect, self._rpc_result = expect, None
-            self.connection._send(method_frame(self.number, method))
+            self.connection._send(frames.method_frame(self.number, method))
             deadline = time.monotonic() + timeout
             with self._cond:
                 while self._rpc_result is None:
@@ -139,7 +139,7 @@ class Channel:
         further use."""
         self._fail(error)
         try:
-            self.connection._send(method_frame(self.number, commands.Channel.Close(
+            self.connection._send(frames.method_frame(self.number, commands.Channel.Close(
                 reply_code=REPLY_SUCCESS, reply_text="client timeout", class_id=0, method_id=0)))
         except AMQPError:
             pass
@@ -147,45 +147,45 @@ class Channel:
     def exchange_declare(self, exchange: str, exchange_type: str = "direct", *, passive: bool = False,
                          durable: bool = False, auto_delete: bool = False, internal: bool = False,
                          arguments: dict | None = None) -> None:
-        self._rpc(build(commands.Exchange.Declare, exchange=exchange, exchange_type=exchange_type,
+        self._rpc(methods.unchecked(commands.Exchange.Declare, exchange=exchange, exchange_type=exchange_type,
                         passive=passive, durable=durable, auto_delete=auto_delete, internal=internal,
                         arguments=arguments or {}), (commands.Exchange.DeclareOk,))
 
     def exchange_delete(self, exchange: str, *, if_unused: bool = False) -> None:
-        self._rpc(build(commands.Exchange.Delete, exchange=exchange, if_unused=if_unused),
+        self._rpc(methods.unchecked(commands.Exchange.Delete, exchange=exchange, if_unused=if_unused),
                   (commands.Exchange.DeleteOk,))
 
     def exchange_bind(self, destination: str, source: str, routing_key: str = "",
                       arguments: dict | None = None) -> None:
-        self._rpc(build(commands.Exchange.Bind, destination=destination, source=source,
+        self._rpc(methods.unchecked(commands.Exchange.Bind, destination=destination, source=source,
                         routing_key=routing_key, arguments=arguments or {}), (commands.Exchange.BindOk,))
 
     def queue_declare(self, queue: str = "", *, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
                       arguments: dict | None = None) -> QueueInfo:
         """Declare (or with passive=True, look up: 404 if absent) a queue; returns its name and counts."""
-        ok = self._rpc(build(commands.Queue.Declare, queue=queue, passive=passive, durable=durable,
+        ok = self._rpc(methods.unchecked(commands.Queue.Declare, queue=queue, passive=passive, durable=durable,
                              exclusive=exclusive, auto_delete=auto_delete, arguments=arguments or {}),
                        (commands.Queue.DeclareOk,))
         return QueueInfo(ok.queue, ok.message_count, ok.consumer_count)
 
     def queue_bind(self, queue: str, exchange: str, routing_key: str = "",
                    arguments: dict | None = None) -> None:
-        self._rpc(build(commands.Queue.Bind, queue=queue, exchange=exchange, routing_key=routing_key,
+        self._rpc(methods.unchecked(commands.Queue.Bind, queue=queue, exchange=exchange, routing_key=routing_key,
                         arguments=arguments or {}), (commands.Queue.BindOk,))
 
     def queue_unbind(self, queue: str, exchange: str, routing_key: str = "",
                      arguments: dict | None = None) -> None:
-        self._rpc(build(commands.Queue.Unbind, queue=queue, exchange=exchange, routing_key=routing_key,
+        self._rpc(methods.unchecked(commands.Queue.Unbind, queue=queue, exchange=exchange, routing_key=routing_key,
                         arguments=arguments or {}), (commands.Queue.UnbindOk,))
 
     def queue_purge(self, queue: str) -> int:
         """Remove the queue's ready messages; returns how many."""
-        return self._rpc(build(commands.Queue.Purge, queue=queue), (commands.Queue.PurgeOk,)).message_count
+        return self._rpc(methods.unchecked(commands.Queue.Purge, queue=queue), (commands.Queue.PurgeOk,)).message_count
 
     def queue_delete(self, queue: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         """Delete the queue; returns how many messages it held."""
-        return self._rpc(build(commands.Queue.Delete, queue=queue, if_unused=if_unused, if_empty=if_empty),
+        return self._rpc(methods.unchecked(commands.Queue.Delete, queue=queue, if_unused=if_unused, if_empty=if_empty),
                          (commands.Queue.DeleteOk,)).message_count
 
     def basic_qos(self, prefetch_count: int, global_: bool = False, prefetch_size: int = 0) -> None:
@@ -201,7 +201,7 @@ class Channel:
     def basic_consume(self, queue: str, no_ack: bool = False, arguments: dict | None = None, *,
                       exclusive: bool = False, consumer_tag: str = "") -> str:
         """Start a consumer; its deliveries queue up for `get_deliveries`. Returns the consumer tag."""
-        ok = self._rpc(build(commands.Basic.Consume, queue=queue, consumer_tag=consumer_tag, no_ack=no_ack,
+        ok = self._rpc(methods.unchecked(commands.Basic.Consume, queue=queue, consumer_tag=consumer_tag, no_ack=no_ack,
                              exclusive=exclusive, arguments=arguments or {}), (commands.Basic.ConsumeOk,))
         self._consumers.add(ok.consumer_tag)
         return ok.consumer_tag
@@ -251,22 +251,22 @@ class Channel:
 
     def basic_get(self, queue: str, no_ack: bool = False, timeout: float | None = None) -> Delivery | None:
         """One message from the queue (basic.get), or None when it is empty."""
-        reply = self._rpc(build(commands.Basic.Get, queue=queue, no_ack=no_ack),
+        reply = self._rpc(methods.unchecked(commands.Basic.Get, queue=queue, no_ack=no_ack),
                           (Delivery, commands.Basic.GetEmpty), timeout)
         return reply if isinstance(reply, Delivery) else None
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
         self._check()
-        self.connection._send(encode_ack(self.number, delivery_tag, multiple))
+        self.connection._send(methods.encode_ack(self.number, delivery_tag, multiple))
 
     def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
         self._check()
-        self.connection._send(method_frame(self.number, commands.Basic.Nack(
+        self.connection._send(frames.method_frame(self.number, commands.Basic.Nack(
             delivery_tag=delivery_tag, multiple=multiple, requeue=requeue)))
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
         self._check()
-        self.connection._send(method_frame(self.number, commands.Basic.Reject(
+        self.connection._send(frames.method_frame(self.number, commands.Basic.Reject(
             delivery_tag=delivery_tag, requeue=requeue)))
 
     # ----------------------------------------------------------------------------------- publishing
@@ -295,10 +295,10 @@ class Channel:
         """
         if isinstance(body, str):
             body = body.encode("utf-8")
-        props = properties if type(properties) is bytes else encode_properties(properties)
-        ex = self._shortstr.get(exchange) or self._intern(exchange)
-        rk = self._shortstr.get(routing_key) or self._intern(routing_key)
-        data = encode_publish(self.number, ex, rk, mandatory, props, body, self.connection.frame_max)
+        props = properties if type(properties) is bytes else amqp_properties.encode(properties)
+        data = encode_publish_message(self.number, methods.name_shortstr(exchange),
+                                      methods.name_shortstr(routing_key), mandatory, props, body,
+                                      self.connection.frame_max)
         seq, _ = self._reserve(1, timeout)
         self.connection._send(data)
         return seq
@@ -312,8 +312,8 @@ class Channel:
         which is most of what a Python publisher spends. `properties`: None (no properties) or a
         sequence of pre-encoded property bytes, one per body.
         """
-        ex = self._shortstr.get(exchange) or self._intern(exchange)
-        rk = self._shortstr.get(routing_key) or self._intern(routing_key)
+        ex = methods.name_shortstr(exchange)
+        rk = methods.name_shortstr(routing_key)
         frame_max = self.connection.frame_max
         number = self.number
         n = len(bodies)
@@ -321,7 +321,7 @@ class Channel:
         while done < n:
             _, k = self._reserve(min(PUBLISH_GROUP, n - done), timeout)
             data = b"".join(
-                encode_publish(number, ex, rk, mandatory,
+                encode_publish_message(number, ex, rk, mandatory,
                                EMPTY_PROPERTIES if properties is None else properties[i],
                                bodies[i] if bodies[i] is not None else b"", frame_max)
                 for i in range(done, done + k))
@@ -347,12 +347,6 @@ class Channel:
             self._pending.extend(range(first, first + count))
             self._published += count
             return first, count
-
-    def _intern(self, text: str) -> bytes:
-        raw = frames.shortstr(text)
-        if len(self._shortstr) < 1024:
-            self._shortstr[text] = raw
-        return raw
 
     def _wait_window(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -456,7 +450,7 @@ class Channel:
         if isinstance(method, commands.Channel.Close):
             # Spec 1.5.2.5: the peer that receives channel.close answers close-ok and discards the channel.
             try:
-                conn._send(method_frame(self.number, commands.Channel.CloseOk()))
+                conn._send(frames.method_frame(self.number, commands.Channel.CloseOk()))
             except AMQPError:
                 pass
             self._fail(ChannelClosedError(method.reply_code, method.reply_text, method.class_id,
@@ -470,7 +464,7 @@ class Channel:
             # consumer_cancel_notify: the queue went away (deleted, or its node failed).
             if not method.nowait:
                 try:
-                    conn._send(method_frame(self.number,
+                    conn._send(frames.method_frame(self.number,
                                             commands.Basic.CancelOk(consumer_tag=method.consumer_tag)))
                 except AMQPError:
                     pass
@@ -481,7 +475,7 @@ class Channel:
         elif isinstance(method, commands.Channel.Flow):
             self.flow_active = method.active
             try:
-                conn._send(method_frame(self.number, commands.Channel.FlowOk(active=method.active)))
+                conn._send(frames.method_frame(self.number, commands.Channel.FlowOk(active=method.active)))
             except AMQPError:
                 pass
         else:

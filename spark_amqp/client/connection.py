@@ -3,7 +3,7 @@
 Why a reader thread: the source's driver-side consumer is called by Spark only between micro-batches
 (seconds to minutes apart), yet the broker expects heartbeats every `heartbeat / 2` seconds and closes the
 connection after two missed intervals (spec 4.2.7). So one daemon thread per connection owns every socket
-read: it parses frames (`frames.FrameParser`), answers heartbeats, replies to broker-initiated closes and
+read: it parses frames (`events.EventParser`), answers heartbeats, replies to broker-initiated closes and
 cancels, and feeds per-channel queues of deliveries and confirms. Callers' threads only write (under one
 lock, a frame sequence at a time) and wait on conditions with timeouts. When the connection dies (broker
 close, socket closed, missed heartbeats) every channel is failed at once, so every blocked call raises.
@@ -24,11 +24,12 @@ import time
 from pamqp import commands
 
 from .. import __version__
-from . import frames
+from ..codec import frames, methods
 from .channel import Channel
-from .errors import (ACCESS_REFUSED, FRAME_ERROR, REPLY_SUCCESS, AMQPError, AuthenticationError,
-                     ConnectError, ConnectionClosedError, ConnectionLostError, ProtocolError)
-from .frames import Confirm, Delivery, FrameParser, Returned
+from ..codec.replies import ACCESS_REFUSED, FRAME_ERROR, REPLY_SUCCESS
+from .errors import (AMQPError, AuthenticationError, ConnectError, ConnectionClosedError, ConnectionLostError,
+                     ProtocolError)
+from .events import Confirm, Delivery, EventParser, Returned
 from .uri import ConnectionParameters, parse_uri
 
 log = logging.getLogger("spark_amqp.client")
@@ -60,7 +61,7 @@ class Connection:
         self.channel_max = 0
         self.server_properties: dict = {}
         self.blocked: str | None = None     # connection.blocked reason while the broker throttles us
-        self._parser = FrameParser(frame_max=0)
+        self._parser = EventParser(frame_max=0)
         self._wlock = threading.Lock()
         self._lock = threading.Lock()       # channel table
         self._channels: dict[int, Channel] = {}
@@ -124,7 +125,7 @@ class Connection:
             while True:
                 while events:
                     ev = events.pop(0)
-                    if ev == FrameParser.HEARTBEAT:
+                    if ev == EventParser.HEARTBEAT:
                         continue
                     _, method = ev
                     if isinstance(method, commands.Connection.Close):
@@ -174,7 +175,7 @@ class Connection:
         properties.update(client_properties or {})
         properties["capabilities"] = {**CLIENT_CAPABILITIES, **(properties.get("capabilities") or {})}
         phase = "authentication"
-        start_ok = frames.build(commands.Connection.StartOk, client_properties=properties,
+        start_ok = methods.unchecked(commands.Connection.StartOk, client_properties=properties,
                                 mechanism="PLAIN", locale="en_US",
                                 response=f"\0{params.username}\0{params.password}")
         self._sock.sendall(frames.method_frame(0, start_ok))
@@ -191,7 +192,7 @@ class Connection:
             channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat)))
         self._parser.frame_max = self.frame_max
         phase = "connection.open"
-        self._sock.sendall(frames.method_frame(0, frames.build(commands.Connection.Open,
+        self._sock.sendall(frames.method_frame(0, methods.unchecked(commands.Connection.Open,
                                                                virtual_host=params.vhost)))
         expect(commands.Connection.OpenOk)
         self._last_send = self._last_recv = time.monotonic()
@@ -369,7 +370,7 @@ class Connection:
                 else:
                     ch._on_return(ev)
                 touched.add(ch)
-            elif ev == FrameParser.HEARTBEAT:
+            elif ev == EventParser.HEARTBEAT:
                 continue
             else:
                 number, method = ev

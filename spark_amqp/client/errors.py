@@ -23,12 +23,6 @@ from __future__ import annotations
 
 from pamqp import commands
 
-# Reply codes used by the client itself (spec section 1.6 "Constants").
-REPLY_SUCCESS = 200
-ACCESS_REFUSED = 403
-FRAME_ERROR = 501
-UNEXPECTED_FRAME = 505
-NO_ROUTE = 312
 
 
 def method_name(class_id: int, method_id: int) -> str:

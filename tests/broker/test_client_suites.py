@@ -201,7 +201,7 @@ def _run_against_target(suite: Suite, tmp_path: Path) -> None:
         host, _, port = EXTERNAL_BROKER.rpartition(":")
         run_suite(suite, host, int(port), tmp_path)
         return
-    from broker import Broker
+    from spark_amqp_broker import Broker
 
     with Broker(port=0) as b:
         run_suite(suite, b.host, b.port, tmp_path)

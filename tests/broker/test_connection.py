@@ -567,7 +567,7 @@ def test_other_connections_unaffected_by_connection_error(broker_url, unique_nam
 
 def test_embedded_only_memory_watermark_blocks_and_unblocks_publishers(unique_name):
     """Embedded broker only: RabbitMQ's watermark cannot be changed safely from a test here."""
-    from broker import Broker
+    from spark_amqp_broker import Broker
 
     with Broker(port=0, memory_high_watermark=64 * 1024) as b:
         events: list[str] = []

@@ -40,7 +40,7 @@ from pamqp import commands
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
-from broker import Broker
+from spark_amqp_broker import Broker
 from helpers import (
     PROTOCOL_HEADER,
     RawConnection,

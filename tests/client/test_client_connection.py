@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from broker import Broker
+from spark_amqp_broker import Broker
 from client_helpers import Blocked, Proxy, free_port, wait_until
 from spark_amqp.client import (AuthenticationError, ChannelClosedError, ConnectError, Connection,
                                ConnectionClosedError, ConnectionLostError)

@@ -17,8 +17,9 @@ from pamqp import header as pheader
 from pamqp import heartbeat as pheartbeat
 
 from spark_amqp.client import Delivery, ProtocolError, Returned, encode_properties
-from spark_amqp.client.frames import (Confirm, FrameParser, build, decode_properties, encode_publish,
-                                      pamqp_publish, shortstr)
+from spark_amqp.client.events import Confirm, EventParser
+from spark_amqp.codec.methods import encode_publish_message, shortstr, unchecked
+from spark_amqp.codec.properties import to_pamqp as decode_properties
 
 PROPS = C.Basic.Properties(
     content_type="application/json", content_encoding="gzip",
@@ -26,6 +27,18 @@ PROPS = C.Basic.Properties(
     delivery_mode=2, priority=3, correlation_id="c-1", reply_to="r", expiration="1000",
     message_id="m-1", timestamp=datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
     message_type="t", user_id="guest", app_id="app")
+
+
+def pamqp_publish(channel: int, exchange: str, routing_key: str, mandatory: bool,
+                  properties: C.Basic.Properties, body: bytes, frame_max: int) -> bytes:
+    """The same frames through pamqp objects: the reference."""
+    out = [pframe.marshal(C.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
+                          channel),
+           pframe.marshal(pheader.ContentHeader(0, len(body), properties), channel)]
+    chunk = frame_max - 8
+    for start in range(0, len(body), chunk):
+        out.append(pframe.marshal(pbody.ContentBody(body[start:start + chunk]), channel))
+    return b"".join(out)
 
 
 def content(channel: int, method, body: bytes, props=PROPS, frame_max: int = 131072) -> bytes:
@@ -41,15 +54,15 @@ def content(channel: int, method, body: bytes, props=PROPS, frame_max: int = 131
 @pytest.mark.parametrize("exchange, routing_key, mandatory", [("", "q", False), ("ex/1", "rk:2#", True)])
 def test_encode_publish_matches_pamqp(body_size, frame_max, exchange, routing_key, mandatory):
     body = bytes(range(256)) * (body_size // 256) + bytes(body_size % 256)
-    fast = encode_publish(7, shortstr(exchange), shortstr(routing_key), mandatory, encode_properties(PROPS),
+    fast = encode_publish_message(7, shortstr(exchange), shortstr(routing_key), mandatory, encode_properties(PROPS),
                           body, frame_max)
     assert fast == pamqp_publish(7, exchange, routing_key, mandatory, PROPS, body, frame_max)
 
 
 def test_encode_publish_non_ascii_names():
-    """pamqp's constructor refuses "é" in names (RabbitMQ does not); `build` skips that check."""
-    fast = encode_publish(1, shortstr("ex.é"), shortstr("rk/ü"), False, b"\x00\x00", b"", 4096)
-    method = pframe.marshal(build(C.Basic.Publish, exchange="ex.é", routing_key="rk/ü"), 1)
+    """pamqp's constructor refuses "é" in names (RabbitMQ does not); `unchecked` skips that check."""
+    fast = encode_publish_message(1, shortstr("ex.é"), shortstr("rk/ü"), False, b"\x00\x00", b"", 4096)
+    method = pframe.marshal(unchecked(C.Basic.Publish, exchange="ex.é", routing_key="rk/ü"), 1)
     assert fast.startswith(method)
     with pytest.raises(ValueError):
         C.Basic.Publish(exchange="ex.é")
@@ -91,7 +104,7 @@ def stream() -> bytes:
 
 
 def check_events(events):
-    events = [e for e in events if e != FrameParser.HEARTBEAT]
+    events = [e for e in events if e != EventParser.HEARTBEAT]
     kinds = [type(e).__name__ if not isinstance(e, tuple) else e[1].name for e in events]
     assert kinds == ["Basic.ConsumeOk", "Delivery", "Delivery", "Delivery", "Delivery", "Returned",
                      "Confirm", "Confirm"]
@@ -117,25 +130,25 @@ def check_events(events):
 
 
 def test_parser_whole_stream():
-    check_events(FrameParser(frame_max=4096).feed(stream()))
+    check_events(EventParser(frame_max=4096).feed(stream()))
 
 
 def test_parser_byte_by_byte():
-    parser, events = FrameParser(frame_max=4096), []
+    parser, events = EventParser(frame_max=4096), []
     for i, byte in enumerate(stream()):
         events += parser.feed(bytes([byte]))
     check_events(events)
 
 
 @pytest.mark.parametrize("bad, message", [
-    (pframe.marshal(C.Basic.Qos(0, 1, False), 1)[:-1] + b"\x00", "frame-end"),
+    (pframe.marshal(C.Basic.Qos(0, 1, False), 1)[:-1] + b"\x00", "invalid frame end byte"),
     (b"\x09\x00\x01\x00\x00\x00\x00\xce", "unknown frame type"),
     (pframe.marshal(pbody.ContentBody(b"x"), 1), "unexpected content body"),
     (pframe.marshal(pheader.ContentHeader(0, 1, C.Basic.Properties()), 1), "unexpected content header"),
-    (b"\x01\x00\x01\x00\x01\x00\x00" + bytes(65536) + b"\xce", "exceeds frame_max"),
+    (b"\x01\x00\x01\x00\x01\x00\x00" + bytes(65536) + b"\xce", "larger than negotiated maximum"),
     (pframe.marshal(C.Basic.Deliver("c", 1, False, "", "q"), 1)
      + pframe.marshal(C.Basic.QosOk(), 1), "while content was expected"),
 ])
 def test_parser_rejects_malformed(bad, message):
     with pytest.raises(ProtocolError, match=message):
-        FrameParser(frame_max=4096).feed(bad)
+        EventParser(frame_max=4096).feed(bad)

@@ -5,7 +5,7 @@ import sys
 
 
 def test_demo_pipeline_delivers_every_event():
-    proc = subprocess.run([sys.executable, "-m", "spark_amqp.demo", "--events", "600", "--rate", "0",
+    proc = subprocess.run([sys.executable, "-m", "spark_amqp_demo", "--events", "600", "--rate", "0",
                            "--timeout", "240"],
                           capture_output=True, text=True, timeout=400)
     out = proc.stdout

@@ -23,7 +23,7 @@ def env(request, broker_url, broker_kind, unique_name):
 @pytest.fixture
 def secret_broker():
     """An embedded broker with a user whose password is `SECRET` (RabbitMQ's users are not ours to add)."""
-    from broker import Broker
+    from spark_amqp_broker import Broker
     with Broker(port=0, users={"guest": "guest", "spy": SECRET}) as b:
         b.secret_url = f"amqp://spy:{SECRET}@{b.host}:{b.port}/%2F"
         yield b

@@ -1,9 +1,11 @@
-"""The main job: `python -m spark_amqp.demo`.
+"""The main job: `python -m spark_amqp_demo` (or `spark-amqp-demo`).
 
 Starts the embedded broker, publishes a stream of sample order events to a topic exchange, runs a
 Structured Streaming pipeline that reads them with `format("amqp")`, converts amounts to EUR and flags large
 orders, and publishes the results with `format("amqp")` to a second exchange; prints live progress (batches,
 rows, rates, queue depths) and, at the end, what arrived. Needs nothing but the install.
+
+It lives beside the connector, not in it: the connector (`spark_amqp`) never imports the broker.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ import time
 import tomllib
 from pathlib import Path
 
-from broker import Broker
+from spark_amqp.client import Connection
+from spark_amqp_broker import Broker
 
-from .client import Connection
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"   # the repository's conf/, when run from it
 RATES_TO_EUR = {"EUR": 1.0, "USD": 0.92, "GBP": 1.17, "CHF": 1.04}
 COUNTRIES = ["de", "fr", "uk", "ch", "us"]
 
@@ -38,7 +39,7 @@ def load_config(path: Path | None) -> dict:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m spark_amqp.demo", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="python -m spark_amqp_demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--config", type=Path, default=None, help="TOML file (default conf/demo.toml)")
     p.add_argument("--events", type=int, default=None, help="sample events to publish")
     p.add_argument("--rate", type=float, default=None, help="events per second (0 = as fast as possible)")
@@ -166,7 +167,7 @@ def start_spark():
 def watch(query, url: str, count: int, stats: dict, done: threading.Event, timeout: float) -> bool:
     """Print one line per micro-batch until every event has come out of the pipeline."""
     start = time.monotonic()
-    seen = [-1]
+    seen = [-1, 0]   # last batch id printed, rows printed so far
     while time.monotonic() - start < timeout:
         if query.exception() is not None:
             print(f"!! the query failed: {query.exception()}")
@@ -174,9 +175,13 @@ def watch(query, url: str, count: int, stats: dict, done: threading.Event, timeo
         depths = queue_depths(url, ["orders.all", "orders.eur.all"])
         print_progress(query, stats, depths, seen)
         if done.is_set() and depths["orders.eur.all"] >= count:
-            time.sleep(1.0)   # the last batch's progress event follows its commit
-            print_progress(query, stats, queue_depths(url, ["orders.all", "orders.eur.all"]), seen)
-            return True
+            # The last batch's progress event follows its commit, by up to a trigger or two.
+            settle = time.monotonic() + 10.0
+            while True:
+                print_progress(query, stats, queue_depths(url, ["orders.all", "orders.eur.all"]), seen)
+                if seen[1] >= count or time.monotonic() > settle:
+                    return True
+                time.sleep(0.25)
         time.sleep(0.5)
     print(f"!! not every event arrived within {timeout:.0f} s")
     return False
@@ -187,6 +192,7 @@ def print_progress(query, stats: dict, depths: dict, seen: list) -> None:
         if progress["batchId"] <= seen[0] or not progress["numInputRows"]:
             continue
         seen[0] = progress["batchId"]
+        seen[1] += progress["numInputRows"]
         print(f"   batch {progress['batchId']:>3}: {progress['numInputRows']:>6} rows "
               f"{progress.get('processedRowsPerSecond', 0):>9.0f} rows/s | published {stats['published']:>6} "
               f"| waiting in orders.all {depths['orders.all']:>6} | results {depths['orders.eur.all']:>6}")

@@ -1,0 +1,1 @@
+"""The README's main job (see __main__.py): an order pipeline against the embedded broker."""

@@ -1,0 +1,153 @@
+"""Frames (spec 4.2.3): splitting a byte stream into frames, and writing method and content frames.
+
+A frame is `type:octet channel:short size:long payload frame-end:octet(0xCE)`. `FrameReader` knows nothing
+of what frames mean; it enforces the two rules every frame obeys (a peer MUST NOT send a frame larger than
+the negotiated frame_max; the frame-end octet must be 0xCE) and reports a breach as FRAME_ERROR (501).
+
+Content (spec 4.2.6): a content-bearing method (basic.publish, basic.deliver, basic.get-ok, basic.return)
+is followed on its channel by one header frame (class-id, weight 0, body-size, property bytes) and body
+frames of at most frame_max - 8 octets each; an empty body has no body frame.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from pamqp import frame as pamqp_frame
+
+from . import replies
+
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = 0xCE
+FRAME_END_BYTE = b"\xce"
+FRAME_OVERHEAD = 8           # 7 bytes of frame header + the frame-end octet
+# A pseudo frame type `FrameReader.frames` yields for a whole content (method + header + one body frame)
+# it found complete in its buffer; never on the wire.
+WHOLE_CONTENT = 0x100
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+FRAME_HEAD = struct.Struct(">BHI")
+CONTENT_HEAD = struct.Struct(">HHQ")        # class-id, weight, body-size
+HEARTBEAT_FRAME = FRAME_HEAD.pack(FRAME_HEARTBEAT, 0, 0) + FRAME_END_BYTE
+BASIC_CLASS = 60
+
+
+class FrameReader:
+    """Splits a byte stream into frames (sans-I/O: `feed` bytes, then iterate `frames()`).
+
+    `whole_content` is a set of 4-byte method prefixes (class-id + method-id): when a method frame with one
+    of them is followed in the buffer by its complete header frame and single body frame (or no body) on
+    the same channel, as brokers and clients write them, the three come out as one
+    `(WHOLE_CONTENT, channel, (method payload, header payload, body))` instead of three frames: the
+    consumer's hot path (measured in bench/codec_hot_paths.py). Anything else comes frame by frame.
+    """
+
+    __slots__ = ("buffer", "frame_max", "whole_content")
+
+    def __init__(self, frame_max: int, whole_content: frozenset = frozenset()):
+        self.buffer = b""     # bytes, not bytearray: slicing bytes copies a payload once, not twice
+        self.frame_max = frame_max
+        self.whole_content = whole_content
+
+    def feed(self, data: bytes) -> None:
+        self.buffer = self.buffer + data if self.buffer else bytes(data)
+
+    def frames(self):
+        """Yield (type, channel, payload) for each complete frame buffered; keep a partial one."""
+        buf = self.buffer
+        size = len(buf)
+        pos = 0
+        unpack = FRAME_HEAD.unpack_from
+        frame_max = self.frame_max
+        whole = self.whole_content
+        try:
+            while size - pos >= 8:
+                ftype, channel, length = unpack(buf, pos)
+                if frame_max and length + 8 > frame_max:
+                    raise replies.connection_error(
+                        replies.FRAME_ERROR,
+                        f"frame size {length + 8} larger than negotiated maximum {frame_max}")
+                end = pos + 7 + length
+                if end >= size:
+                    break
+                if buf[end] != FRAME_END:
+                    raise replies.connection_error(
+                        replies.FRAME_ERROR, f"invalid frame end byte {buf[end]:#x}")
+                if whole and ftype == FRAME_METHOD and buf[pos + 7:pos + 11] in whole:
+                    after = _whole_content(buf, channel, end, size, frame_max)
+                    if after:
+                        h = end + 1
+                        hend = h + 7 + unpack(buf, h)[2]
+                        body = buf[hend + 8:after - 1] if after > hend + 1 else b""
+                        pos = after
+                        yield WHOLE_CONTENT, channel, (buf[end - length:end], buf[h + 7:hend], body)
+                        continue
+                yield ftype, channel, buf[pos + 7:end]
+                pos = end + 1
+        finally:
+            if pos:
+                self.buffer = buf[pos:]
+
+
+def _whole_content(buf: bytes, channel: int, end: int, size: int, frame_max: int) -> int:
+    """Where the content after the method frame ending at `end` ends, if its header and its single body
+    frame (or no body) are complete in `buf` on the same channel; else 0 (take the frames one by one)."""
+    h = end + 1
+    if size - h < 8:
+        return 0
+    htype, hch, hsize = FRAME_HEAD.unpack_from(buf, h)
+    hend = h + 7 + hsize
+    if (htype != FRAME_HEADER or hch != channel or hsize < 14 or hend >= size or buf[hend] != FRAME_END
+            or (frame_max and hsize + FRAME_OVERHEAD > frame_max)):
+        return 0
+    body_size = CONTENT_HEAD.unpack_from(buf, h + 7)[2]
+    if not body_size:
+        return hend + 1
+    b = hend + 1
+    if size - b < 8:
+        return 0
+    btype, bch, bsize = FRAME_HEAD.unpack_from(buf, b)
+    bend = b + 7 + bsize
+    if btype != FRAME_BODY or bch != channel or bsize != body_size or bend >= size or buf[bend] != FRAME_END:
+        return 0
+    return bend + 1
+
+
+def method_frame(channel: int, method) -> bytes:
+    """One method frame from a pamqp method object (the non-hot paths)."""
+    return pamqp_frame.marshal(method, channel)
+
+
+def content_header(body_size: int, properties: bytes) -> bytes:
+    """A basic-class content header payload (spec 4.2.6.1) from property bytes (flags + values)."""
+    return CONTENT_HEAD.pack(BASIC_CLASS, 0, body_size) + properties
+
+
+def decode_content_header(payload: bytes) -> tuple[int, int]:
+    """(class-id, body-size) of a content header payload; its property bytes are payload[12:]."""
+    if len(payload) < 14:
+        raise replies.connection_error(replies.FRAME_ERROR, "content header frame is too short")
+    class_id, _weight, body_size = CONTENT_HEAD.unpack_from(payload, 0)
+    return class_id, body_size
+
+
+def content_frames(channel: int, header: bytes, body: bytes, frame_max: int) -> list[bytes]:
+    """The header frame carrying `header` (a content header payload, passed byte for byte), then the body
+    in frames of at most frame_max - 8 octets (spec 4.2.6.2), as a list of parts to join or write."""
+    head = FRAME_HEAD.pack
+    out = [head(FRAME_HEADER, channel, len(header)), header, FRAME_END_BYTE]
+    n = len(body)
+    if n:
+        chunk = frame_max - FRAME_OVERHEAD if frame_max else n
+        if n <= chunk:
+            out += (head(FRAME_BODY, channel, n), body, FRAME_END_BYTE)
+        else:
+            view = memoryview(body)
+            for start in range(0, n, chunk):
+                part = view[start:start + chunk]
+                out += (head(FRAME_BODY, channel, len(part)), bytes(part), FRAME_END_BYTE)
+    return out
