@@ -13,6 +13,7 @@ import os
 from pamqp import commands as C
 
 from spark_amqp.codec import fields, frames, methods, properties, replies
+
 from .message import Message
 
 # AMQP field-type tags as RabbitMQ names them in error texts.

@@ -148,12 +148,20 @@ class Connection:
             log.exception("internal error handling a frame from %s", self.peer)
             self._connection_exception(replies.connection_error(replies.INTERNAL_ERROR, str(exc)))
 
-    def flush_confirms(self) -> None:
-        """Send the confirms recorded since the last flush, coalesced per channel.
+    def end_of_read(self, more_input_waiting) -> None:
+        """The I/O layer has handed over one read's bytes; `more_input_waiting()` says whether the peer's
+        next bytes are already waiting on the socket (asked only when it matters).
 
-        The I/O layer calls this after a read, or defers it while the peer's next publishes are
-        already waiting on the socket: one ack with multiple=true then covers more messages, which is
-        what a Python publisher's CPU per message depends on."""
+        The confirm-coalescing policy: publisher confirms recorded during the read go out now, unless the
+        peer's next publishes are already waiting and fewer than CONFIRM_DEFER_MAX confirms are held, so
+        that one ack with multiple=true covers more messages (a Python publisher's CPU per message
+        depends on it; confirming each publish singly cost pika ~35% more CPU per message)."""
+        if self.confirm_channels and (self.confirms_waiting >= limits.CONFIRM_DEFER_MAX
+                                      or not more_input_waiting()):
+            self.flush_confirms()
+
+    def flush_confirms(self) -> None:
+        """Send the confirms recorded since the last flush, coalesced per channel."""
         for ch in self.confirm_channels:
             if ch.state == "open":
                 ch.flush_confirms()

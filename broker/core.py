@@ -13,9 +13,13 @@ from .vhost import VirtualHost
 
 
 class BrokerCore:
-    def __init__(self, config: BrokerConfig, clock=time.monotonic):
+    """`clock` (monotonic seconds) times TTLs, expiry and heartbeats; `wall_clock` (epoch seconds) is only
+    for what the broker writes into messages (`x-death` times). Both are injected so tests can drive them."""
+
+    def __init__(self, config: BrokerConfig, clock=time.monotonic, wall_clock=time.time):
         self.config = config
         self.clock = clock
+        self.wall_clock = wall_clock
         self.users = dict(config.users)
         self.vhosts = {name: VirtualHost(self, name) for name in config.vhosts}
         self.connections: set = set()

@@ -36,3 +36,8 @@ CONNECTION_OUTPUT_HIGH_WATER = 1 << 20
 # Most deliveries one consumer receives in one dispatch round, so one consumer with a deep queue and no
 # prefetch limit cannot starve the event loop (RabbitMQ's queue process likewise delivers in bursts).
 DISPATCH_BURST = 2000
+
+# Publisher confirms are deferred while the publisher's next frames are already waiting, but never for more
+# than this many messages, so a publisher with a small window of unconfirmed messages is not left waiting
+# on a full window (RabbitMQ likewise confirms in batches as its queue processes report).
+CONFIRM_DEFER_MAX = 128

@@ -19,10 +19,6 @@ from .core import BrokerCore
 log = logging.getLogger("broker.server")
 
 TICK_SECONDS = 0.05
-
-# Confirms are deferred while more input is waiting, but never for more than this many messages, so a
-# publisher with a small window of unconfirmed messages is not left waiting on a full window.
-CONFIRM_DEFER_MAX = 128
 _INT0 = b"\0\0\0\0"
 
 
@@ -45,9 +41,7 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data):
         conn = self.conn
         conn.receive_data(data)
-        if conn.confirm_channels and (conn.confirms_waiting >= CONFIRM_DEFER_MAX
-                                      or not self._more_to_read()):
-            conn.flush_confirms()
+        conn.end_of_read(self._more_to_read)
         self.server.after_input()
 
     def _more_to_read(self) -> bool:

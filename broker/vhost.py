@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 
 from spark_amqp.codec import fields, properties, replies
+
 from .exchange import EXCHANGE_TYPES, DirectExchange, Exchange, _freeze
 from .message import Message
 from .queue import EQUIVALENCE_ARGS, Queue
@@ -284,7 +284,7 @@ class VirtualHost:
         if dlx is None:
             return
         now = self.core.now()
-        wall = int(time.time())
+        wall = int(self.core.wall_clock())
         for m in msgs:
             header, deaths = _with_x_death(m, q.name, reason, wall)
             rk = q.args.dead_letter_routing_key
