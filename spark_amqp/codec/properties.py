@@ -35,7 +35,9 @@ _EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 class PropertyError(ValueError):
-    """A property value that cannot be encoded, or property bytes that cannot be read."""
+    """A property value that cannot be encoded, or property bytes that cannot be read.
+
+    The value encoders' messages read after the property's name: "is 256; it must be 0..255"."""
 
 
 def flags_of(raw: bytes, offset: int = 0) -> int:
@@ -106,14 +108,15 @@ def decode_timestamp(raw: bytes) -> int:
 def encode_shortstr(value) -> bytes:
     raw = value.encode("utf-8") if isinstance(value, str) else str(value).encode("utf-8")
     if len(raw) > 255:
-        raise PropertyError(f"at most 255 bytes, got {len(raw)} (starts {raw[:40]!r})")
+        raise PropertyError(f"is {len(raw)} bytes long; an AMQP property is at most 255 bytes "
+                            f"(starts {raw[:40]!r})")
     return bytes((len(raw),)) + raw
 
 
 def encode_octet(value) -> bytes:
     value = int(value)
     if not 0 <= value <= 255:
-        raise PropertyError(f"must be 0..255, got {value}")
+        raise PropertyError(f"is {value}; it must be 0..255")
     return bytes((value,))
 
 
@@ -132,7 +135,7 @@ def encode_timestamp(value) -> bytes:
         if isinstance(value, float):
             value = int(value)
         else:
-            raise PropertyError(f"expected a timestamp, got {type(value).__name__}")
+            raise PropertyError(f"is a {type(value).__name__}, not a timestamp")
     if value < 0:
         raise PropertyError("is before 1970; AMQP timestamps are unsigned seconds since the epoch")
     return _u64.pack(value)
@@ -145,7 +148,7 @@ def encode_table(value) -> bytes:
     try:
         return fields.encode_table(dict(value))
     except fields.FieldError as exc:
-        raise PropertyError(str(exc)) from None
+        raise PropertyError(f"is not a field table: {exc}") from None
 
 
 ENCODERS = {"s": encode_shortstr, "o": encode_octet, "T": encode_timestamp, "F": encode_table}
@@ -183,7 +186,7 @@ def encode(properties) -> bytes:
         try:
             parts.append(ENCODERS[kind](value))
         except PropertyError as exc:
-            raise PropertyError(f"property {name!r}: {exc}") from None
+            raise PropertyError(f"property {name!r} {exc}") from None
         flags |= FLAG[name]
     return _u16.pack(flags) + b"".join(parts)
 

@@ -20,13 +20,13 @@ in a task after half the rows were published:
 Names match case-insensitively, as Spark resolves columns by default.
 
 The module also turns a chunk of rows (column-wise Python lists, from an Arrow batch or from Rows) into
-what `Channel.publish` takes: the per-message property bytes are built column by column, with the same
-bytes `spark_amqp.properties.encode` gives for the same values (tested against it).
+what `Channel.publish` takes: the per-message property bytes are built column by column with the codec's
+per-kind encoders, giving the same bytes `spark_amqp.properties.from_columns` gives for one row (tested
+against it).
 """
 
 from __future__ import annotations
 
-import datetime
 import struct
 from dataclasses import dataclass, field
 
@@ -34,22 +34,14 @@ from pyspark.sql.types import (BinaryType, ByteType, IntegerType, LongType, MapT
                                StructType, TimestampNTZType, TimestampType)
 
 from .. import headers as header_text
-from ..properties import FLAGS
+from ..codec import properties as amqp_properties
+from ..codec.properties import FLAG, KIND, PropertyError
+from ..schema import PROPERTY_COLUMNS, SOURCE_ONLY, WRITTEN
 
-SOURCE_ONLY = ("queue", "delivery_tag", "redelivered", "stream_offset")
-"""Columns the source produces that have no meaning for a publish; the sink ignores them."""
-
-STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration",
-                     "message_id", "type", "user_id", "app_id")
-OCTET_PROPERTIES = ("delivery_mode", "priority")
-PROPERTY_COLUMNS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
-                    "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
-                    "user_id", "app_id")   # in property-flag order (bit 15 down), as on the wire
-WRITTEN = ("body", "exchange", "routing_key") + PROPERTY_COLUMNS
+OCTET_PROPERTIES = tuple(n for n in PROPERTY_COLUMNS if KIND[n] == "o")    # delivery_mode, priority
 
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 _u16 = struct.Struct(">H")
-_u64 = struct.Struct(">Q")
 
 
 class SinkSchemaError(ValueError):
@@ -163,30 +155,26 @@ def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
     """Property bytes for each of `n` rows from {column: list of n values} (None = not set).
 
     Values as `to_python` gives them: str for the string properties, int for delivery_mode/priority,
-    int seconds for timestamp, an ordered {name: text} (or list of pairs) for headers. Same bytes as
-    `spark_amqp.properties.encode` of each row's values.
+    int seconds or a datetime for timestamp, an ordered {name: text} (or list of pairs) for headers.
+    Same bytes as `spark_amqp.properties.from_columns` of each row's values.
     """
     encoded = []   # (flag, [bytes | None] * n) in flag order
     for name in PROPERTY_COLUMNS:
         values = props.get(name)
         if values is None:
             continue
-        flag = FLAGS[name]
-        if name in STRING_PROPERTIES:
-            col = [_shortstr(v, name, first_row + i) if v is not None else None for i, v in enumerate(values)]
-        elif name in OCTET_PROPERTIES:
-            col = [_octet(v, name, first_row + i) if v is not None else None for i, v in enumerate(values)]
-        elif name == "timestamp":
-            col = [_stamp(v, first_row + i) if v is not None else None for i, v in enumerate(values)]
-        else:
-            col = [_table(v, first_row + i) if v is not None else None for i, v in enumerate(values)]
-        encoded.append((flag, col))
+        encode = _table if name == "headers" else amqp_properties.ENCODERS[KIND[name]]
+        try:
+            col = [encode(v) if v is not None else None for v in values]
+        except (PropertyError, header_text.HeaderError):
+            raise _row_error(name, values, encode, first_row) from None
+        encoded.append((FLAG[name], col))
     if not encoded:
-        return [b"\x00\x00"] * n
+        return [amqp_properties.EMPTY] * n
     if len(encoded) == 1:
         flag, col = encoded[0]
         head = _u16.pack(flag)
-        return [head + v if v is not None else b"\x00\x00" for v in col]
+        return [head + v if v is not None else amqp_properties.EMPTY for v in col]
     out = []
     append = out.append
     pack = _u16.pack
@@ -202,45 +190,23 @@ def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
     return out
 
 
-def _shortstr(value, name: str, row: int) -> bytes:
-    raw = value.encode("utf-8") if isinstance(value, str) else str(value).encode("utf-8")
-    if len(raw) > 255:
-        raise RowError(f"column {name!r} of row {row} is {len(raw)} bytes long; an AMQP property is at "
-                       f"most 255 bytes (starts {raw[:40]!r})")
-    return bytes((len(raw),)) + raw
+def _table(value) -> bytes:
+    return header_text.text_to_table(value if isinstance(value, dict) else dict(value))
 
 
-def _octet(value, name: str, row: int) -> bytes:
-    if not 0 <= value <= 255:
-        raise RowError(f"column {name!r} of row {row} is {value}; it must be 0..255"
-                       + (" (1 = transient, 2 = persistent)" if name == "delivery_mode" else ""))
-    return bytes((value,))
+_HINTS = {"delivery_mode": " (1 = transient, 2 = persistent)"}
 
 
-def _stamp(value, row: int) -> bytes:
-    if isinstance(value, datetime.datetime):
-        value = epoch_seconds(value)
-    if value < 0:
-        raise RowError(f"column 'timestamp' of row {row} is before 1970; AMQP timestamps are unsigned "
-                       "seconds since the epoch")
-    return _u64.pack(value)
-
-
-def _table(value, row: int) -> bytes:
-    try:
-        return header_text.text_to_table(value if isinstance(value, dict) else dict(value))
-    except header_text.HeaderError as exc:
-        raise RowError(f"column 'headers' of row {row}: {exc}") from None
-
-
-_EPOCH = datetime.datetime(1970, 1, 1)
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-
-
-def epoch_seconds(value: datetime.datetime) -> int:
-    """Whole seconds since the epoch (floor); a naive datetime is taken as UTC, as properties.py does."""
-    if value.tzinfo is not None:
-        delta = value - _EPOCH_UTC
-    else:
-        delta = value - _EPOCH
-    return delta.days * 86400 + delta.seconds
+def _row_error(name: str, values: list, encode, first_row: int) -> RowError:
+    """The error for the first row of a column whose value cannot be encoded (found again, row by row:
+    only on the error path)."""
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        try:
+            encode(v)
+        except PropertyError as exc:
+            return RowError(f"column {name!r} of row {first_row + i} {exc}{_HINTS.get(name, '')}")
+        except header_text.HeaderError as exc:
+            return RowError(f"column {name!r} of row {first_row + i}: {exc}")
+    return RowError(f"column {name!r}: a value cannot be encoded")

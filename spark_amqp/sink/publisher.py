@@ -280,7 +280,7 @@ def row_chunks(plan: ColumnPlan, rows: Iterator, size: int = 10_000) -> Iterator
     """Chunks from Spark Rows (the row writer's input), `size` rows at a time."""
     import itertools
 
-    from .columns import epoch_seconds
+    from ..codec.properties import epoch_seconds
 
     while True:
         block = list(itertools.islice(rows, size))

@@ -10,31 +10,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from .. import properties as props
+from ..codec.properties import EMPTY as EMPTY_PROPERTIES
+from ..schema import ARROW_SCHEMA, PROPERTY_COLUMNS
 
-ARROW_SCHEMA = pa.schema([
-    ("body", pa.binary()),
-    ("exchange", pa.string()),
-    ("routing_key", pa.string()),
-    ("queue", pa.string()),
-    ("delivery_tag", pa.int64()),
-    ("redelivered", pa.bool_()),
-    ("content_type", pa.string()),
-    ("content_encoding", pa.string()),
-    ("headers", pa.map_(pa.string(), pa.string())),
-    ("delivery_mode", pa.int32()),
-    ("priority", pa.int32()),
-    ("correlation_id", pa.string()),
-    ("reply_to", pa.string()),
-    ("expiration", pa.string()),
-    ("message_id", pa.string()),
-    ("timestamp", pa.timestamp("us", tz="UTC")),
-    ("type", pa.string()),
-    ("user_id", pa.string()),
-    ("app_id", pa.string()),
-    ("stream_offset", pa.int64()),
-])
-
-_PROPERTY_COLUMNS = props.COLUMNS    # content_type ... app_id, in schema order
 _EMPTY: dict = {}
 
 
@@ -54,7 +32,7 @@ def to_record_batch(deliveries_by_queue: list[tuple[str, list]]) -> pa.RecordBat
             raw = d.properties_raw
             values = cache.get(raw)
             if values is None:
-                values = props.decode(raw) if raw != b"\x00\x00" else _EMPTY
+                values = props.to_columns(raw) if raw != EMPTY_PROPERTIES else _EMPTY
                 if len(cache) < 4096:
                     cache[raw] = values
             decoded.append(values)
@@ -68,7 +46,7 @@ def to_record_batch(deliveries_by_queue: list[tuple[str, list]]) -> pa.RecordBat
         "redelivered": pa.array(redelivered, pa.bool_()),
         "stream_offset": pa.nulls(n, pa.int64()),
     }
-    for name in _PROPERTY_COLUMNS:
+    for name in PROPERTY_COLUMNS:
         field = ARROW_SCHEMA.field(name)
         if len(cache) == 1 and not next(iter(cache.values())):   # no properties at all: all null
             columns[name] = pa.nulls(n, field.type)
