@@ -12,7 +12,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, MapType, Short
 
 from spark_amqp import options as opts
 from spark_amqp import properties
-from spark_amqp.schema import SCHEMA
+from spark_amqp.schema import PROPERTY_COLUMNS, SCHEMA
 from spark_amqp.sink.columns import RowError, SinkSchemaError, encode_properties, plan
 from spark_amqp.sink.publisher import TaskIdentity, message_id
 
@@ -105,17 +105,17 @@ ROWS = [
 
 def test_property_bytes_are_those_of_properties_encode():
     n = len(ROWS)
-    columns = {name: [row.get(name) for row in ROWS] for name in properties.COLUMNS}
+    columns = {name: [row.get(name) for row in ROWS] for name in PROPERTY_COLUMNS}
     columns["timestamp"] = [int((v - datetime.datetime(1970, 1, 1)).total_seconds()) if v else None
                             for v in columns["timestamp"]]
     columns["headers"] = [list(v.items()) if v is not None else None for v in columns["headers"]]  # Arrow's form
-    assert encode_properties(columns, n) == [properties.encode(row) for row in ROWS]
+    assert encode_properties(columns, n) == [properties.from_columns(row) for row in ROWS]
     # a single property column takes a shortcut: same bytes
     only = {"message_id": [r.get("message_id") for r in ROWS]}
-    assert encode_properties(only, n) == [properties.encode({"message_id": r.get("message_id")}) for r in ROWS]
+    assert encode_properties(only, n) == [properties.from_columns({"message_id": r.get("message_id")}) for r in ROWS]
     assert encode_properties({}, 2) == [b"\x00\x00", b"\x00\x00"]
     for raw, row in zip(encode_properties(columns, n), ROWS):
-        assert properties.decode(raw) == {k: v for k, v in row.items() if v is not None}
+        assert properties.to_columns(raw) == {k: v for k, v in row.items() if v is not None}
 
 
 @pytest.mark.parametrize("column, value, expected", [

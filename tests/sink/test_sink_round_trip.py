@@ -120,8 +120,8 @@ def test_every_property_and_header_type_written_by_the_sink(spark, broker_url, a
     # byte level: exactly properties.encode of the row's values (every field type letter as written)
     df.write.format("amqp").mode("append").option("uri", broker_url).option("exchange", "").save()
     (_, _, raw1, body1), (_, _, raw2, _) = get_raw(broker_url, queue, 2)
-    assert raw1 == properties.encode({**PROPS, "headers": HEADERS})
-    assert raw2 == properties.encode({"headers": {}, "priority": 0})
+    assert raw1 == properties.from_columns({**PROPS, "headers": HEADERS})
+    assert raw2 == properties.from_columns({"headers": {}, "priority": 0})
     assert body1 == row["body"]
 
 
@@ -130,7 +130,7 @@ def source_row(exchange, routing_key, raw, body, queue, tag):
     values = dict.fromkeys(SCHEMA.fieldNames())
     values.update(body=body, exchange=exchange, routing_key=routing_key, queue=queue, delivery_tag=tag,
                   redelivered=False, stream_offset=None)
-    values.update(properties.decode(raw))
+    values.update(properties.to_columns(raw))
     return values
 
 
@@ -144,7 +144,7 @@ def test_a_row_read_from_a_queue_and_written_unchanged_is_the_same_message(spark
     admin.ch.basic_publish("", queue, b"from pika", pika.BasicProperties(
         headers=pika_headers, timestamp=1700000000, **{k: v for k, v in PROPS.items() if k != "timestamp"}))
     # 2. raw property bytes with every field type letter (b B s u I i l f d D T x t V S F A)
-    raw_every = properties.encode({"headers": HEADERS, "content_type": "text/plain", "priority": 1})
+    raw_every = properties.from_columns({"headers": HEADERS, "content_type": "text/plain", "priority": 1})
     with Connection.open(broker_url) as conn:
         ch = conn.channel()
         ch.confirm_select()
@@ -161,7 +161,7 @@ def test_a_row_read_from_a_queue_and_written_unchanged_is_the_same_message(spark
     again = get_raw(broker_url, queue, 3)   # routed by the rows' own exchange and routing key
     for (ex0, rk0, raw0, body0), (ex1, rk1, raw1, body1) in zip(originals, again):
         assert (ex1, rk1, body1) == (ex0, rk0, body0)
-        assert raw1 == raw0, f"{properties.decode(raw1)} != {properties.decode(raw0)}"
+        assert raw1 == raw0, f"{properties.to_columns(raw1)} != {properties.to_columns(raw0)}"
 
 
 def test_the_row_writer_publishes_the_same_bytes_as_the_arrow_writer(spark, broker_url, admin, unique_name):
@@ -187,8 +187,8 @@ def test_the_row_writer_publishes_the_same_bytes_as_the_arrow_writer(spark, brok
     df.write.format("amqprows").mode("append").option("uri", broker_url).save()
     got = get_raw(broker_url, queue, 4)
     assert got[:2] == got[2:]
-    assert got[0][2] == properties.encode({**PROPS, "headers": HEADERS}) and got[0][3] == b"full"
-    assert got[1][2] == properties.encode({"priority": 3}) and got[1][3] == b""   # a null body is empty
+    assert got[0][2] == properties.from_columns({**PROPS, "headers": HEADERS}) and got[0][3] == b"full"
+    assert got[1][2] == properties.from_columns({"priority": 3}) and got[1][3] == b""   # a null body is empty
 
 
 def test_batch_writes_get_deterministic_ids_per_write(spark, broker_url, admin, unique_name):
