@@ -105,6 +105,8 @@ def enc_longstr(value: str | bytes) -> bytes:
 
 
 def enc_long(value: int) -> bytes:
+    if not -(1 << 63) <= value < (1 << 63):
+        raise FieldError(f"{value} does not fit a long (signed 64-bit)")
     return b"l" + _i64.pack(value)
 
 
@@ -126,10 +128,16 @@ def enc_table(items) -> bytes:
 
 
 def enc_decimal(value: decimal.Decimal) -> bytes:
+    """Decimal (spec 4.2.5.5): scale octet, then the unscaled value as a signed 32-bit integer."""
+    if not value.is_finite():
+        raise FieldError(f"decimal {value} is not a finite number")
     scale = max(0, -value.as_tuple().exponent)
     if scale > 255:
         raise FieldError(f"decimal scale {scale} is above 255")
-    return b"D" + bytes((scale,)) + struct.pack(">i", int(value.scaleb(scale)))
+    unscaled = int(value.scaleb(scale))
+    if not -(1 << 31) <= unscaled < (1 << 31):
+        raise FieldError(f"decimal {value} has more digits than a 32-bit unscaled value holds")
+    return b"D" + bytes((scale,)) + struct.pack(">i", unscaled)
 
 
 def encode_value(value) -> bytes:

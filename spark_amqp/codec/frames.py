@@ -77,17 +77,18 @@ class FrameReader:
                 if buf[end] != FRAME_END:
                     raise replies.connection_error(
                         replies.FRAME_ERROR, f"invalid frame end byte {buf[end]:#x}")
+                start = pos
                 if whole and ftype == FRAME_METHOD and buf[pos + 7:pos + 11] in whole:
                     after = _whole_content(buf, channel, end, size, frame_max)
                     if after:
                         h = end + 1
                         hend = h + 7 + unpack(buf, h)[2]
                         body = buf[hend + 8:after - 1] if after > hend + 1 else b""
-                        pos = after
-                        yield WHOLE_CONTENT, channel, (buf[end - length:end], buf[h + 7:hend], body)
+                        pos = after     # consumed before it is handed over: a caller may stop here
+                        yield WHOLE_CONTENT, channel, (buf[start + 7:end], buf[h + 7:hend], body)
                         continue
-                yield ftype, channel, buf[pos + 7:end]
                 pos = end + 1
+                yield ftype, channel, buf[start + 7:end]
         finally:
             if pos:
                 self.buffer = buf[pos:]
@@ -112,7 +113,8 @@ def _whole_content(buf: bytes, channel: int, end: int, size: int, frame_max: int
         return 0
     btype, bch, bsize = FRAME_HEAD.unpack_from(buf, b)
     bend = b + 7 + bsize
-    if btype != FRAME_BODY or bch != channel or bsize != body_size or bend >= size or buf[bend] != FRAME_END:
+    if (btype != FRAME_BODY or bch != channel or bsize != body_size or bend >= size or buf[bend] != FRAME_END
+            or (frame_max and bsize + FRAME_OVERHEAD > frame_max)):
         return 0
     return bend + 1
 

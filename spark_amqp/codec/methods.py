@@ -155,6 +155,8 @@ def name_shortstr(text: str) -> bytes:
 
 
 def _shortstr_at(p: bytes, o: int) -> tuple[str, int]:
+    if o >= len(p):
+        raise replies.connection_error(replies.SYNTAX_ERROR, "method arguments are truncated")
     n = p[o]
     end = o + 1 + n
     if end > len(p):

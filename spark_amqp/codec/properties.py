@@ -201,8 +201,7 @@ def decode(raw: bytes) -> dict:
 
 def to_pamqp(raw: bytes) -> commands.Basic.Properties:
     """pamqp's `Basic.Properties` object for property bytes (every value decoded by pamqp)."""
-    if len(raw) < 2:
-        raise PropertyError("content header property flags are truncated")
+    split(raw)   # the length checks pamqp does not make (it reads a cut-short last string as shorter)
     flags, offset = 0, 0
     word_index = 0
     while True:

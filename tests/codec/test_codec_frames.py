@@ -270,10 +270,6 @@ def test_bad_frame_end_in_the_body_of_a_whole_content():
     assert info.value.code == 501
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "codec bug: in whole_content mode, FrameReader takes a body frame larger than frame_max as part of a "
-    "whole content (frames._whole_content checks the header frame's size against frame_max but not the "
-    "body frame's), where frame-by-frame reading raises FRAME_ERROR 501"))
 def test_whole_content_body_over_frame_max_is_frame_error():
     method = methods.encode_deliver(1, ss("c"), 1, False, ss(""), ss("q"))
     body = b"x" * 5000
@@ -289,10 +285,6 @@ def test_whole_content_body_over_frame_max_is_frame_error():
     assert info.value.code == 501
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "latent codec bug (no current caller stops early): FrameReader.frames advances past a plain frame only "
-    "after the consumer resumes the generator, so a frame already yielded is yielded again if the consumer "
-    "stops (break/close) right after it; WHOLE_CONTENT advances before yielding and is not repeated"))
 def test_frames_already_yielded_are_not_repeated_after_stopping_early():
     acks = [methods.encode_ack(1, tag, False) for tag in (1, 2, 3)]
     reader = FrameReader(4096)

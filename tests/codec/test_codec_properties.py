@@ -339,10 +339,6 @@ def test_unencodable_header_value_names_the_property():
         properties.encode({"headers": {"x": object()}})
 
 
-@pytest.mark.xfail(strict=True, raises=struct.error, reason=(
-    "codec bug: a header int outside the signed 64-bit range escapes properties.encode as struct.error "
-    "instead of PropertyError naming 'headers' (fields.enc_long packs without a range check, and "
-    "properties.encode_table only converts FieldError)"))
 def test_header_int_out_of_range_names_the_property():
     with pytest.raises(PropertyError, match="'headers'"):
         properties.encode({"headers": {"n": 2**64}})
@@ -370,9 +366,6 @@ def test_truncated_property_bytes_to_pamqp():
             properties.to_pamqp(cut)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "codec bug: to_pamqp accepts property bytes whose last shortstr is cut short and returns the shorter "
-    "string (pamqp's short_str slices past the end), while split/decode raise PropertyError"))
 def test_truncated_final_shortstr_to_pamqp():
     raw = properties.encode({"content_type": "abcde"})
     with pytest.raises(PropertyError):
