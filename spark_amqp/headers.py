@@ -1,20 +1,31 @@
-"""AMQP header tables as `map<string,string>`: a documented, lossless text rule, both ways.
+"""AMQP header tables as two `map<string,string>` columns, both ways: `headers` holds each value's natural
+text, so that SQL can use it (`CAST(headers['retries'] AS INT)`), and `header_types` holds each value's
+AMQP field type, so that nothing is lost: a row read by the source and written by the sink publishes the
+same header bytes.
 
-The rule (the README's "Header values" table says the same):
+Text of each field type (the README's "Header values" table says the same):
 
-- A string (`S`, valid UTF-8) is its text, unchanged: `"EUR"` stays `EUR`.
-- Every other field type is its value's text followed by `::` and the type's name:
-  `42::long`, `7::int`, `true::bool`, `1.5::double`, `0.25::float`, `3.14::decimal`,
-  `2024-05-01T12:00:00Z::timestamp`, `aGk=::bytes` (base64), `1::byte`, `1::short`, `1::ubyte`,
-  `1::ushort`, `1::uint`; a nested table or array is JSON whose values follow the same rule, then
-  `::table` / `::array`: `{"a":"1::long","b":"x"}::table`.
-- Void (`V`) is a null map value.
-- A string that itself ends in `::<one of those names>` gets `::string` appended, so it cannot be
-  mistaken for a typed value; a string that is not valid UTF-8 is `<base64>::longstr-base64`.
+| field type (letter) and its name in `header_types`                  | text in `headers`                    |
+|----------------------------------------------------------------------|--------------------------------------|
+| `string` (S)                                                         | the string                           |
+| a string (S) that is not UTF-8: `longstr-base64`                     | base64                               |
+| `byte` b, `ubyte` B, `short` s, `ushort` u, `int` I, `uint` i, `long` l, `ulong` L | decimal: `42`          |
+| `float` f, `double` d                                                | Python's repr: `1.5`                 |
+| `decimal` D                                                          | plain decimal, scale kept: `3.140`   |
+| `bool` t                                                             | `true` / `false`                     |
+| `timestamp` T                                                        | ISO-8601 UTC: `2024-05-01T12:00:00Z` (seconds past year 9999: the number) |
+| `bytes` x                                                            | base64                               |
+| `table` F, `array` A                                                 | JSON (below)                         |
+| `void` V                                                             | null                                 |
 
-Reading turns each header into that text; writing parses it back into the same field type (the same
-type letter), so a row read by the source and written by the sink publishes the same header bytes.
-Strings, the common case, read as themselves and can be compared and cast as they are.
+Nested tables and arrays are JSON: integers, floats and booleans as JSON's own numbers and booleans, void
+as null, every other value as its text above (a JSON string). Their `header_types` entry is `table` or
+`array` when every nested value has the default type of its JSON kind (string: string, integer: long,
+other number: double, boolean: bool, null: void); otherwise it is the JSON tree of the nested types, e.g.
+`[{"count":"long","time":"timestamp",...}]` for RabbitMQ's `x-death`.
+
+Writing, a header with no type (no `header_types` column, or no entry for that name) is published as a
+string, and a null value as void.
 """
 
 from __future__ import annotations
@@ -23,216 +34,203 @@ import base64
 import datetime
 import decimal
 import json
-import re
+import math
 import struct
 
-# AMQP 0-9-1 field types as RabbitMQ reads them (errata: 's' is a signed 16-bit int, not a shortstr).
-TYPE_NAMES = {
-    b"t": "bool", b"b": "byte", b"B": "ubyte", b"s": "short", b"u": "ushort", b"I": "int", b"i": "uint",
-    b"l": "long", b"f": "float", b"d": "double", b"D": "decimal", b"T": "timestamp", b"x": "bytes",
-    b"F": "table", b"A": "array",
-}
-TYPE_LETTERS = {name: letter for letter, name in TYPE_NAMES.items()}
-TYPE_LETTERS["string"] = b"S"
-TYPE_LETTERS["longstr-base64"] = b"S"
-_SUFFIX = re.compile(r"::(" + "|".join(sorted(TYPE_LETTERS, key=len, reverse=True)) + r")\Z")
+from .codec import fields
 
-_INTS = {b"b": ">b", b"B": ">B", b"s": ">h", b"u": ">H", b"I": ">i", b"i": ">I", b"l": ">q"}
+STRING, VOID, TABLE, ARRAY = "string", "void", "table", "array"
+LONGSTR_BASE64 = "longstr-base64"
+TYPE_NAMES = tuple(fields.TYPE_NAMES.values()) + (LONGSTR_BASE64,)
+_LETTERS = {**fields.TYPE_LETTERS, LONGSTR_BASE64: b"S"}
+_INTS = {b"b": ">b", b"B": ">B", b"s": ">h", b"u": ">H", b"I": ">i", b"i": ">I", b"l": ">q", b"L": ">Q"}
 _FLOATS = {b"f": ">f", b"d": ">d"}
 _u32 = struct.Struct(">I")
+_u64 = struct.Struct(">Q")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_ISO = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class HeaderError(ValueError):
-    """A header value that does not follow the rule; the message names the header."""
+    """A header value that cannot be read or written; the message names the header and its type."""
 
 
-# --- reading: raw field table -> {name: text} --------------------------------------------------
+# --- reading: raw field table -> ({name: text}, {name: type}) -------------------------------------
 
-def table_to_text(raw: bytes) -> dict[str, str | None]:
-    """A raw field table (with its 4-byte length prefix) as an ordered {name: text or None}."""
-    out: dict[str, str | None] = {}
-    for key, tag, value, _ in _items(raw, 4, 4 + _u32.unpack_from(raw, 0)[0]):
-        out[key] = _scalar_text(tag, value, raw) if tag not in (b"F", b"A", b"V") else (
-            None if tag == b"V" else _nested_text(tag, value))
-    return out
-
-
-def _items(buf: bytes, pos: int, end: int):
-    """Yield (key, tag, decoded value, end) for each entry of a table body in buf[pos:end]."""
-    while pos < end:
-        n = buf[pos]
-        key = buf[pos + 1:pos + 1 + n].decode("utf-8", "replace")
-        pos += 1 + n
-        tag, value, pos = _value(buf, pos)
-        yield key, tag, value, pos
+def table_to_columns(raw: bytes) -> tuple[dict, dict]:
+    """The `headers` and `header_types` values of a raw field table (with its 4-byte length)."""
+    texts: dict[str, str | None] = {}
+    types: dict[str, str] = {}
+    for key, letter, value in fields.decode_table_typed(raw):
+        if letter == b"F" or letter == b"A":
+            doc, tree = _nested(letter, value)
+            texts[key] = _json(doc)
+            types[key] = fields.TYPE_NAMES[letter] if tree == _default_tree(doc) else _json(tree)
+        else:
+            texts[key], types[key] = _scalar_text(letter, value)
+    return texts, types
 
 
-def _value(buf: bytes, pos: int):
-    tag = buf[pos:pos + 1]
-    pos += 1
-    if tag in _INTS:
-        fmt = _INTS[tag]
-        size = struct.calcsize(fmt)
-        return tag, struct.unpack_from(fmt, buf, pos)[0], pos + size
-    if tag in _FLOATS:
-        fmt = _FLOATS[tag]
-        size = struct.calcsize(fmt)
-        return tag, struct.unpack_from(fmt, buf, pos)[0], pos + size
-    if tag == b"t":
-        return tag, buf[pos] != 0, pos + 1
-    if tag == b"D":
-        scale = buf[pos]
-        unscaled = struct.unpack_from(">i", buf, pos + 1)[0]
-        return tag, decimal.Decimal(unscaled).scaleb(-scale), pos + 5
-    if tag == b"T":
-        return tag, struct.unpack_from(">Q", buf, pos)[0], pos + 8
-    if tag in (b"S", b"x"):
-        n = _u32.unpack_from(buf, pos)[0]
-        return tag, bytes(buf[pos + 4:pos + 4 + n]), pos + 4 + n
-    if tag == b"V":
-        return tag, None, pos
-    if tag == b"F":
-        n = _u32.unpack_from(buf, pos)[0]
-        return tag, [(k, t, v) for k, t, v, _ in _items(buf, pos + 4, pos + 4 + n)], pos + 4 + n
-    if tag == b"A":
-        n = _u32.unpack_from(buf, pos)[0]
-        end = pos + 4 + n
-        values = []
-        p = pos + 4
-        while p < end:
-            t, v, p = _value(buf, p)
-            values.append((t, v))
-        return tag, values, end
-    raise HeaderError(f"unknown AMQP field type {tag!r}")
-
-
-def _scalar_text(tag: bytes, value, _buf=None) -> str:
-    if tag == b"S":
+def _scalar_text(letter: bytes, value) -> tuple[str | None, str]:
+    """(text, type name) of a scalar field value."""
+    if letter == b"S":
         try:
-            text = value.decode("utf-8")
+            return value.decode("utf-8"), STRING
         except UnicodeDecodeError:
-            return base64.b64encode(value).decode() + "::longstr-base64"
-        return text + "::string" if _SUFFIX.search(text) else text
-    name = TYPE_NAMES[tag]
-    if tag == b"t":
-        return ("true" if value else "false") + "::bool"
-    if tag == b"x":
-        return base64.b64encode(value).decode() + "::bytes"
-    if tag == b"T":
-        stamp = datetime.datetime.fromtimestamp(value, tz=datetime.timezone.utc)
-        return stamp.strftime("%Y-%m-%dT%H:%M:%SZ") + "::timestamp"
-    if tag == b"D":
-        return f"{value:f}::decimal"
-    return f"{value!r}::{name}" if tag in _FLOATS else f"{value}::{name}"
+            return base64.b64encode(value).decode(), LONGSTR_BASE64
+    name = fields.TYPE_NAMES[letter]
+    if letter == b"V":
+        return None, name
+    if letter == b"t":
+        return ("true" if value else "false"), name
+    if letter == b"x":
+        return base64.b64encode(value).decode(), name
+    if letter == b"T":
+        try:
+            return (_EPOCH + datetime.timedelta(seconds=value)).strftime(_ISO), name
+        except OverflowError:      # past year 9999: the seconds themselves
+            return str(value), name
+    if letter == b"D":
+        return f"{value:f}", name
+    return (repr(value) if letter in _FLOATS else str(value)), name
 
 
-def _nested_text(tag: bytes, value) -> str:
-    return json.dumps(_nested(tag, value), ensure_ascii=False, separators=(",", ":")) + "::" + TYPE_NAMES[tag]
+def _nested(letter: bytes, value):
+    """(JSON-able value, type tree) of a field value inside a table or an array."""
+    if letter == b"F":
+        pairs = [(k, _nested(t, v)) for k, t, v in value]
+        return {k: d for k, (d, _) in pairs}, {k: t for k, (_, t) in pairs}
+    if letter == b"A":
+        pairs = [_nested(t, v) for t, v in value]
+        return [d for d, _ in pairs], [t for _, t in pairs]
+    text, name = _scalar_text(letter, value)
+    if letter in _INTS:
+        return int(text), name
+    if letter in _FLOATS and math.isfinite(value):
+        return value, name
+    if letter == b"t":
+        return value, name
+    return text, name
 
 
-def _nested(tag: bytes, value):
-    if tag == b"F":
-        return {k: _nested(t, v) for k, t, v in value}
-    if tag == b"A":
-        return [_nested(t, v) for t, v in value]
-    if tag == b"V":
-        return None
-    return _scalar_text(tag, value)
+def _json(doc) -> str:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
 
-# --- writing: {name: text} -> raw field table ----------------------------------------------------
+def _default_tree(doc):
+    """The type tree the writer assumes for nested JSON that has no tree of its own."""
+    if isinstance(doc, dict):
+        return {k: _default_tree(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_default_tree(v) for v in doc]
+    if doc is None:
+        return VOID
+    if isinstance(doc, bool):
+        return "bool"
+    if isinstance(doc, int):
+        return "long"
+    if isinstance(doc, float):
+        return "double"
+    return STRING
 
-def text_to_table(headers: dict) -> bytes:
-    """The inverse of table_to_text: a raw field table (with length prefix) from {name: text or None}."""
-    body = b"".join(_entry(k, v) for k, v in headers.items())
+
+# --- writing: ({name: text}, {name: type}) -> raw field table ----------------------------------------
+
+def columns_to_table(texts: dict, types: dict | None = None) -> bytes:
+    """The inverse of `table_to_columns`: a raw field table (with its length) from the two maps."""
+    types = types or {}
+    parts = []
+    for key, text in texts.items():
+        raw_key = str(key).encode("utf-8")
+        if len(raw_key) > 255:
+            raise HeaderError(f"header name {str(key)[:40]!r}... is longer than 255 bytes")
+        kind = types.get(key)
+        try:
+            value = _encode(text, kind)
+        except HeaderError as exc:
+            raise HeaderError(f"header {key!r}: {exc}") from None
+        except (ValueError, TypeError, struct.error, decimal.InvalidOperation, OverflowError) as exc:
+            raise HeaderError(f"header {key!r}: cannot read {str(text)[:60]!r} as "
+                              f"{kind if kind and len(kind) < 40 else 'its type'}: {exc}") from None
+        parts += (bytes((len(raw_key),)), raw_key, value)
+    body = b"".join(parts)
     return _u32.pack(len(body)) + body
 
 
-def _entry(key, text) -> bytes:
-    raw_key = str(key).encode("utf-8")
-    if len(raw_key) > 255:
-        raise HeaderError(f"header name {str(key)[:40]!r}... is longer than 255 bytes")
-    try:
-        value = _encode_text(text)
-    except HeaderError as exc:
-        raise HeaderError(f"header {key!r}: {exc}") from None
-    return bytes((len(raw_key),)) + raw_key + value
-
-
-def _encode_text(text) -> bytes:
+def _encode(text, kind: str | None) -> bytes:
+    if kind is None or kind == "":
+        kind = VOID if text is None else STRING
+    if kind[:1] in ("{", "["):                       # a type tree: a table or array with typed values
+        tree = json.loads(kind)
+        return _encode_nested(json.loads(text), tree) if text is not None else b"V"
+    if kind not in _LETTERS:
+        raise HeaderError(f"unknown header type {kind[:60]!r}; the types are {', '.join(TYPE_NAMES)}, or a "
+                          "JSON tree of them for a table or an array")
+    if kind in (TABLE, ARRAY):
+        doc = json.loads(text)
+        if not isinstance(doc, dict if kind == TABLE else list):
+            raise HeaderError(f"a {kind} is a JSON {'object' if kind == TABLE else 'array'}, not {text[:60]!r}")
+        return _encode_nested(doc, _default_tree(doc))
     if text is None:
-        return b"V"
+        if kind == VOID:
+            return b"V"
+        raise HeaderError(f"a null value cannot be a {kind} (use the type void)")
     if not isinstance(text, str):
         raise HeaderError(f"value must be a string or null, not {type(text).__name__}")
-    m = _SUFFIX.search(text)
-    if m is None:
+    return _encode_scalar(kind, text)
+
+
+def _encode_scalar(kind: str, text: str) -> bytes:
+    letter = _LETTERS[kind]
+    if kind == LONGSTR_BASE64:
+        raw = base64.b64decode(text, validate=True)
+        return b"S" + _u32.pack(len(raw)) + raw
+    if letter == b"S":
         raw = text.encode("utf-8")
         return b"S" + _u32.pack(len(raw)) + raw
-    name, body = m.group(1), text[:m.start()]
-    try:
-        return _encode_typed(name, body)
-    except HeaderError:
-        raise
-    except (ValueError, TypeError, struct.error, decimal.InvalidOperation, json.JSONDecodeError) as exc:
-        raise HeaderError(f"cannot read {text[:60]!r} as {name}: {exc}") from None
-
-
-def _encode_typed(name: str, body: str) -> bytes:
-    if name == "string":
-        raw = body.encode("utf-8")
-        return b"S" + _u32.pack(len(raw)) + raw
-    if name == "longstr-base64":
-        raw = base64.b64decode(body, validate=True)
-        return b"S" + _u32.pack(len(raw)) + raw
-    letter = TYPE_LETTERS[name]
     if letter in _INTS:
-        return letter + struct.pack(_INTS[letter], int(body))
+        return letter + struct.pack(_INTS[letter], int(text))
     if letter in _FLOATS:
-        return letter + struct.pack(_FLOATS[letter], float(body))
+        return letter + struct.pack(_FLOATS[letter], float(text))
     if letter == b"t":
-        if body not in ("true", "false"):
-            raise HeaderError(f"a bool is true or false, not {body!r}")
-        return b"t" + (b"\x01" if body == "true" else b"\x00")
+        if text not in ("true", "false"):
+            raise HeaderError(f"a bool is true or false, not {text[:60]!r}")
+        return b"t" + (b"\x01" if text == "true" else b"\x00")
     if letter == b"D":
-        d = decimal.Decimal(body)
-        sign, digits, exponent = d.as_tuple()
-        scale = max(0, -exponent)
-        if scale > 255:
-            raise HeaderError(f"decimal scale {scale} is above 255")
-        return b"D" + bytes((scale,)) + struct.pack(">i", int(d.scaleb(scale)))
+        return fields.enc_decimal(decimal.Decimal(text))
     if letter == b"T":
-        stamp = datetime.datetime.strptime(body, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
-        return b"T" + struct.pack(">Q", int(stamp.timestamp()))
+        if text.isdigit():         # whole seconds since the epoch
+            return b"T" + _u64.pack(int(text))
+        stamp = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+        delta = stamp - _EPOCH
+        return b"T" + _u64.pack(delta.days * 86400 + delta.seconds)
     if letter == b"x":
-        raw = base64.b64decode(body, validate=True)
+        raw = base64.b64decode(text, validate=True)
         return b"x" + _u32.pack(len(raw)) + raw
-    if letter == b"F":
-        doc = json.loads(body)
+    if letter == b"V":
+        return b"V"
+    raise HeaderError(f"a {kind} is written from JSON, not {text[:60]!r}")
+
+
+def _encode_nested(doc, tree) -> bytes:
+    if isinstance(tree, dict):
         if not isinstance(doc, dict):
-            raise HeaderError("a ::table value must be a JSON object")
-        inner = b"".join(_entry(k, _json_text(v)) for k, v in doc.items())
-        return b"F" + _u32.pack(len(inner)) + inner
-    if letter == b"A":
-        doc = json.loads(body)
+            raise HeaderError(f"expected a JSON object for {_json(tree)[:60]}, got {_json(doc)[:60]}")
+        items = [(k, _encode_nested(v, tree.get(k, _default_tree(v)))) for k, v in doc.items()]
+        return fields.enc_table(items)
+    if isinstance(tree, list):
         if not isinstance(doc, list):
-            raise HeaderError("an ::array value must be a JSON array")
-        inner = b"".join(_encode_text(_json_text(v)) for v in doc)
-        return b"A" + _u32.pack(len(inner)) + inner
-    raise HeaderError(f"unknown type name {name!r}")
-
-
-def _json_text(v):
-    """Nested JSON values: strings follow the text rule; objects and arrays recurse."""
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, dict):
-        return json.dumps(v, ensure_ascii=False, separators=(",", ":")) + "::table"
-    if isinstance(v, list):
-        return json.dumps(v, ensure_ascii=False, separators=(",", ":")) + "::array"
-    if isinstance(v, bool):
-        return ("true" if v else "false") + "::bool"
-    if isinstance(v, int):
-        return f"{v}::long"
-    if isinstance(v, float):
-        return f"{v!r}::double"
-    raise HeaderError(f"unsupported JSON value {v!r}")
+            raise HeaderError(f"expected a JSON array for {_json(tree)[:60]}, got {_json(doc)[:60]}")
+        types = tree if len(tree) == len(doc) else [_default_tree(v) for v in doc]
+        return fields.enc_array([_encode_nested(v, t) for v, t in zip(doc, types)])
+    if doc is None:
+        return b"V"
+    if tree in (TABLE, ARRAY):
+        return _encode_nested(doc, _default_tree(doc))
+    if tree not in _LETTERS:
+        raise HeaderError(f"unknown header type {str(tree)[:60]!r}")
+    if isinstance(doc, bool):
+        doc = "true" if doc else "false"
+    return _encode_scalar(tree, doc if isinstance(doc, str) else repr(doc) if isinstance(doc, float) else str(doc))

@@ -36,6 +36,7 @@ COLUMNS = (
     ("user_id", "string"),
     ("app_id", "string"),
     ("stream_offset", "long"),
+    ("header_types", "map"),
 )
 
 _SPARK_TYPES = {
@@ -57,7 +58,7 @@ COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 PROPERTY_COLUMNS = tuple(name for name, _ in amqp_properties.PROPERTIES if name != "cluster_id")
 # Columns the source fills that mean nothing to a publish; the sink accepts and ignores them.
 SOURCE_ONLY = ("queue", "delivery_tag", "redelivered", "stream_offset")
-# Columns the sink publishes.
-WRITTEN = ("body", "exchange", "routing_key") + PROPERTY_COLUMNS
+# Columns the sink publishes; `header_types` types the `headers` values (headers.py).
+WRITTEN = ("body", "exchange", "routing_key") + PROPERTY_COLUMNS + ("header_types",)
 
-assert set(PROPERTY_COLUMNS) | set(SOURCE_ONLY) | {"body", "exchange", "routing_key"} == set(COLUMN_NAMES)
+assert set(WRITTEN) | set(SOURCE_ONLY) == set(COLUMN_NAMES)

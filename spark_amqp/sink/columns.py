@@ -11,8 +11,9 @@ in a task after half the rows were published:
 - the property columns (AMQP 0-9-1 section 1.8, basic properties): `content_type`, `content_encoding`,
   `correlation_id`, `reply_to`, `expiration`, `message_id`, `type`, `user_id`, `app_id` (`string`, at
   most 255 bytes), `delivery_mode` and `priority` (an integer type, 0..255), `timestamp` (`timestamp` or
-  `timestamp_ntz`, whole seconds since the epoch on the wire), `headers` (`map<string,string>`, each
-  value read back into its AMQP field type by `spark_amqp.headers`' text rule); a null is "not set";
+  `timestamp_ntz`, whole seconds since the epoch on the wire), `headers` (`map<string,string>`) and,
+  optionally, `header_types` (`map<string,string>`: each header's AMQP field type, by `spark_amqp.headers`'
+  rule; a header without one is a string); a null is "not set";
 - the source-only columns `queue`, `delivery_tag`, `redelivered` and `stream_offset` are accepted and
   ignored, so a row read by the source can be written unchanged;
 - any other column is an error that lists them, unless `ignoreUnknownColumns=true`.
@@ -55,8 +56,8 @@ def expected_type(name: str) -> str:
         return "int (any integer type; values 0..255)"
     if name == "timestamp":
         return "timestamp (or timestamp_ntz)"
-    if name == "headers":
-        return "map<string,string> (values follow the header text rule: '42::long', 'x', ...)"
+    if name in ("headers", "header_types"):
+        return "map<string,string>"
     return "string"
 
 
@@ -67,7 +68,7 @@ def _type_ok(name: str, dt) -> bool:
         return isinstance(dt, _INTEGRAL)
     if name == "timestamp":
         return isinstance(dt, (TimestampType, TimestampNTZType))
-    if name == "headers":
+    if name in ("headers", "header_types"):
         return (isinstance(dt, MapType) and isinstance(dt.keyType, StringType)
                 and isinstance(dt.valueType, StringType))
     return isinstance(dt, StringType)
@@ -138,7 +139,7 @@ def plan(schema: StructType, options) -> ColumnPlan:
         body_is_string=isinstance(schema.fields[by_name["body"]].dataType, StringType),
         exchange=by_name.get("exchange"),
         routing_key=by_name.get("routing_key"),
-        properties=tuple((n, by_name[n]) for n in PROPERTY_COLUMNS if n in by_name),
+        properties=tuple((n, by_name[n]) for n in PROPERTY_COLUMNS + ("header_types",) if n in by_name),
         ignored=tuple(n for n in names if n.lower() not in WRITTEN),
         names=tuple(names),
     )
@@ -155,7 +156,8 @@ def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
     """Property bytes for each of `n` rows from {column: list of n values} (None = not set).
 
     Values as `to_python` gives them: str for the string properties, int for delivery_mode/priority,
-    int seconds or a datetime for timestamp, an ordered {name: text} (or list of pairs) for headers.
+    int seconds or a datetime for timestamp, an ordered {name: text} (or list of pairs) for headers, and
+    under "header_types" the rows' {name: type} maps (or None: every header a string).
     Same bytes as `spark_amqp.properties.from_columns` of each row's values.
     """
     encoded = []   # (flag, [bytes | None] * n) in flag order
@@ -163,7 +165,12 @@ def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
         values = props.get(name)
         if values is None:
             continue
-        encode = _table if name == "headers" else amqp_properties.ENCODERS[KIND[name]]
+        if name == "headers":   # each row's headers with its types: (headers, types or None)
+            types = props.get("header_types") or [None] * n
+            values = [(v, t) if v is not None else None for v, t in zip(values, types)]
+            encode = _table
+        else:
+            encode = amqp_properties.ENCODERS[KIND[name]]
         try:
             col = [encode(v) if v is not None else None for v in values]
         except (PropertyError, header_text.HeaderError):
@@ -190,8 +197,10 @@ def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
     return out
 
 
-def _table(value) -> bytes:
-    return header_text.text_to_table(value if isinstance(value, dict) else dict(value))
+def _table(value_and_types) -> bytes:
+    value, types = value_and_types
+    return header_text.columns_to_table(value if isinstance(value, dict) else dict(value),
+                                        types if types is None or isinstance(types, dict) else dict(types))
 
 
 _HINTS = {"delivery_mode": " (1 = transient, 2 = persistent)"}

@@ -50,9 +50,14 @@ def to_record_batch(deliveries_by_queue: list[tuple[str, list]]) -> pa.RecordBat
         field = ARROW_SCHEMA.field(name)
         if len(cache) == 1 and not next(iter(cache.values())):   # no properties at all: all null
             columns[name] = pa.nulls(n, field.type)
+            if name == "headers":
+                columns["header_types"] = pa.nulls(n, field.type)
             continue
         values = [v.get(name) for v in decoded]
         if name == "headers":
+            columns["header_types"] = pa.array(
+                [None if v.get("header_types") is None else list(v["header_types"].items()) for v in decoded],
+                ARROW_SCHEMA.field("header_types").type)
             values = [None if h is None else list(h.items()) for h in values]
         columns[name] = pa.array(values, field.type)
     return pa.RecordBatch.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)

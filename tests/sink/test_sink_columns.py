@@ -33,7 +33,8 @@ def test_the_source_schema_is_accepted_and_source_only_columns_are_ignored():
     assert p.exchange == 1 and p.routing_key == 2
     assert [n for n, _ in p.properties] == ["content_type", "content_encoding", "headers", "delivery_mode",
                                             "priority", "correlation_id", "reply_to", "expiration",
-                                            "message_id", "timestamp", "type", "user_id", "app_id"]
+                                            "message_id", "timestamp", "type", "user_id", "app_id",
+                                            "header_types"]
     assert set(p.ignored) == {"queue", "delivery_tag", "redelivered", "stream_offset"}
 
 
@@ -93,22 +94,24 @@ def test_errors_never_show_the_password():
 
 
 ROWS = [
-    {"content_type": "application/json", "content_encoding": "gzip", "headers": {"a": "1::long", "b": "x"},
-     "delivery_mode": 2, "priority": 9, "correlation_id": "c-1", "reply_to": "replies", "expiration": "60000",
+    {"content_type": "application/json", "content_encoding": "gzip", "headers": {"a": "1", "b": "x"},
+     "header_types": {"a": "long", "b": "string"}, "delivery_mode": 2, "priority": 9, "correlation_id": "c-1", "reply_to": "replies", "expiration": "60000",
      "message_id": "m-1", "timestamp": datetime.datetime(2024, 5, 1, 12, 0, 0), "type": "order",
      "user_id": "guest", "app_id": "tests"},
     {},
-    {"headers": {}, "priority": 0, "message_id": "é" * 100},
-    {"delivery_mode": 1, "timestamp": datetime.datetime(1970, 1, 1), "headers": {"v": None, "t": "true::bool"}},
+    {"headers": {}, "header_types": {}, "priority": 0, "message_id": "é" * 100},
+    {"delivery_mode": 1, "timestamp": datetime.datetime(1970, 1, 1), "headers": {"v": None, "t": "true"},
+     "header_types": {"v": "void", "t": "bool"}},
 ]
 
 
 def test_property_bytes_are_those_of_properties_encode():
     n = len(ROWS)
-    columns = {name: [row.get(name) for row in ROWS] for name in PROPERTY_COLUMNS}
+    columns = {name: [row.get(name) for row in ROWS] for name in PROPERTY_COLUMNS + ("header_types",)}
     columns["timestamp"] = [int((v - datetime.datetime(1970, 1, 1)).total_seconds()) if v else None
                             for v in columns["timestamp"]]
-    columns["headers"] = [list(v.items()) if v is not None else None for v in columns["headers"]]  # Arrow's form
+    for name in ("headers", "header_types"):   # Arrow's form of a map: a list of pairs
+        columns[name] = [list(v.items()) if v is not None else None for v in columns[name]]
     assert encode_properties(columns, n) == [properties.from_columns(row) for row in ROWS]
     # a single property column takes a shortcut: same bytes
     only = {"message_id": [r.get("message_id") for r in ROWS]}
@@ -122,12 +125,12 @@ def test_property_bytes_are_those_of_properties_encode():
     ("priority", 256, "column 'priority' of row 11 is 256; it must be 0..255"),
     ("delivery_mode", -1, "column 'delivery_mode' of row 11 is -1"),
     ("correlation_id", "x" * 256, "column 'correlation_id' of row 11 is 256 bytes long"),
-    ("headers", {"n": "abc::long"}, "column 'headers' of row 11: header 'n': cannot read 'abc::long' as long"),
+    ("headers", {"n": "abc"}, "column 'headers' of row 11: header 'n': cannot read 'abc' as long"),
     ("timestamp", -5, "column 'timestamp' of row 11 is before 1970"),
 ])
 def test_bad_values_name_the_column_and_the_row(column, value, expected):
     with pytest.raises(RowError) as err:
-        encode_properties({column: [None, value]}, 2, first_row=10)
+        encode_properties({column: [None, value], "header_types": [None, {"n": "long"}]}, 2, first_row=10)
     assert expected in str(err.value)
 
 

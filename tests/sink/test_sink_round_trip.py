@@ -2,10 +2,10 @@
 
 1. Rows with every property column and a header of every AMQP field type, written with
    `df.write.format("amqp")`, consumed with pika (values as pika decodes them) and with our client (the
-   property bytes, compared with `spark_amqp.properties.encode` of the row: the reference the source's
-   `decode` inverts).
+   property bytes, compared with `spark_amqp.properties.from_columns` of the row: the reference the
+   source's `to_columns` inverts).
 2. A message published by pika (and one by raw property bytes with every field type), read back, turned
-   into a row exactly as the source does (`properties.decode` of the raw property bytes, plus the
+   into a row exactly as the source does (`properties.to_columns` of the raw property bytes, plus the
    source-only columns), written unchanged: the message that arrives has byte-identical properties, the
    same body and the same routing key.
 """
@@ -33,31 +33,37 @@ def arrow_df(spark, rows: list[dict], schema):
     if isinstance(schema, str):
         schema = StructType.fromDDL(schema)
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    fixed = [{**r, "headers": list(r["headers"].items()) if r.get("headers") is not None else None}
-             if "headers" in schema.fieldNames() else r for r in rows]
+    maps = [n for n in ("headers", "header_types") if n in schema.fieldNames()]
+    fixed = [{**r, **{n: list(r[n].items()) if r.get(n) is not None else None for n in maps}} for r in rows]
     table = pa.Table.from_pylist([{n: r.get(n) for n in schema.fieldNames()} for r in fixed], arrow_schema)
     return spark.createDataFrame(table, schema)
 
 HEADERS = {
     "text": "EUR",
-    "byte": "-5::byte",
-    "ubyte": "200::ubyte",
-    "short": "-300::short",
-    "ushort": "60000::ushort",
-    "int": "-70000::int",
-    "uint": "4000000000::uint",
-    "long": "9007199254740993::long",
-    "float": "0.25::float",
-    "double": "1.5::double",
-    "decimal": "3.14::decimal",
-    "timestamp": "2024-05-01T12:00:00Z::timestamp",
-    "bytes": "aGk=::bytes",
-    "bool": "true::bool",
+    "byte": "-5",
+    "ubyte": "200",
+    "short": "-300",
+    "ushort": "60000",
+    "int": "-70000",
+    "uint": "4000000000",
+    "long": "9007199254740993",
+    "float": "0.25",
+    "double": "1.5",
+    "decimal": "3.14",
+    "timestamp": "2024-05-01T12:00:00Z",
+    "bytes": "aGk=",
+    "bool": "true",
     "void": None,
-    "table": '{"a":"1::long","b":"x","c":{"d":"false::bool"}}::table',
-    "array": '["1::long","y",["2::int"]]::array',
-    "looks-typed": "a::long::string",
-    "not-utf8": "/w==::longstr-base64",
+    "table": '{"a":1,"b":"x","c":{"d":false}}',
+    "array": '[1,"y",[2]]',
+    "untyped": "a::long",
+    "not-utf8": "/w==",
+}
+HEADER_TYPES = {   # "untyped" has no entry: a string
+    "text": "string", "byte": "byte", "ubyte": "ubyte", "short": "short", "ushort": "ushort", "int": "int",
+    "uint": "uint", "long": "long", "float": "float", "double": "double", "decimal": "decimal",
+    "timestamp": "timestamp", "bytes": "bytes", "bool": "bool", "void": "void", "table": "table",
+    "array": '["long","string",["int"]]', "not-utf8": "longstr-base64",
 }
 PIKA_VALUES = {   # the same headers as pika decodes them (the raw bytes are checked below)
     "text": "EUR", "byte": -5, "ubyte": 200, "short": -300, "ushort": 60000, "int": -70000,
@@ -66,7 +72,7 @@ PIKA_VALUES = {   # the same headers as pika decodes them (the raw bytes are che
     "decimal": decimal.Decimal("3.14"),
     "timestamp": datetime.datetime(2024, 5, 1, 12, 0, 0, tzinfo=datetime.timezone.utc),
     "bytes": b"hi", "bool": True, "void": None, "table": {"a": 1, "b": "x", "c": {"d": False}},
-    "array": [1, "y", [2]], "looks-typed": "a::long", "not-utf8": b"\xff",
+    "array": [1, "y", [2]], "untyped": "a::long", "not-utf8": b"\xff",
 }
 PROPS = {
     "content_type": "application/json", "content_encoding": "identity", "delivery_mode": 2, "priority": 7,
@@ -77,7 +83,7 @@ PROPS = {
 WRITE_SCHEMA = "body binary, routing_key string, content_type string, content_encoding string, " \
                "headers map<string,string>, delivery_mode int, priority int, correlation_id string, " \
                "reply_to string, expiration string, message_id string, timestamp timestamp, type string, " \
-               "user_id string, app_id string"
+               "user_id string, app_id string, header_types map<string,string>"
 
 
 def get_raw(url: str, queue: str, count: int, timeout: float = 10.0):
@@ -99,7 +105,8 @@ def get_raw(url: str, queue: str, count: int, timeout: float = 10.0):
 
 def test_every_property_and_header_type_written_by_the_sink(spark, broker_url, admin, unique_name):
     queue = admin.queue(unique_name("rt"))
-    row = dict(body=b"\x00\x01binary body\xff", routing_key=queue, headers=HEADERS, **PROPS)
+    row = dict(body=b"\x00\x01binary body\xff", routing_key=queue, headers=HEADERS, header_types=HEADER_TYPES,
+               **PROPS)
     sparse = dict(body=b"", routing_key=queue, headers={}, priority=0)   # nulls: "not set"
     df = arrow_df(spark, [row, sparse], WRITE_SCHEMA).coalesce(1)
     df.write.format("amqp").mode("append").option("uri", broker_url).option("exchange", "").save()
@@ -117,10 +124,10 @@ def test_every_property_and_header_type_written_by_the_sink(spark, broker_url, a
     assert body == b"" and props.headers == {} and props.priority == 0
     assert props.content_type is None and props.message_id is None and props.timestamp is None
 
-    # byte level: exactly properties.encode of the row's values (every field type letter as written)
+    # byte level: exactly properties.from_columns of the row's values (every field type letter as written)
     df.write.format("amqp").mode("append").option("uri", broker_url).option("exchange", "").save()
     (_, _, raw1, body1), (_, _, raw2, _) = get_raw(broker_url, queue, 2)
-    assert raw1 == properties.from_columns({**PROPS, "headers": HEADERS})
+    assert raw1 == properties.from_columns({**PROPS, "headers": HEADERS, "header_types": HEADER_TYPES})
     assert raw2 == properties.from_columns({"headers": {}, "priority": 0})
     assert body1 == row["body"]
 
@@ -140,11 +147,13 @@ def test_a_row_read_from_a_queue_and_written_unchanged_is_the_same_message(spark
     pika_headers = {"s": "text", "i": 42, "big": 2 ** 40, "neg": -7, "t": True, "n": None,   # (no floats in pika)
                     "d": decimal.Decimal("-12.345"), "ts": datetime.datetime(2023, 1, 2, 3, 4, 5),
                     "x": b"\x00\xff", "tbl": {"k": "v", "n": 1, "inner": {"z": [1, "two"]}},
-                    "arr": [1, "a", None, {"q": False}], "weird::long": "v::bool", "empty": ""}
+                    "arr": [1, "a", None, {"q": False}], "weird::long": "v::bool", "empty": "",
+                    "x-death": [{"count": 2, "time": datetime.datetime(2024, 1, 1), "routing-keys": ["a"]}]}
     admin.ch.basic_publish("", queue, b"from pika", pika.BasicProperties(
         headers=pika_headers, timestamp=1700000000, **{k: v for k, v in PROPS.items() if k != "timestamp"}))
     # 2. raw property bytes with every field type letter (b B s u I i l f d D T x t V S F A)
-    raw_every = properties.from_columns({"headers": HEADERS, "content_type": "text/plain", "priority": 1})
+    raw_every = properties.from_columns({"headers": HEADERS, "header_types": HEADER_TYPES,
+                                         "content_type": "text/plain", "priority": 1})
     with Connection.open(broker_url) as conn:
         ch = conn.channel()
         ch.confirm_select()
@@ -180,14 +189,15 @@ def test_the_row_writer_publishes_the_same_bytes_as_the_arrow_writer(spark, brok
 
     spark.dataSource.register(RowsDataSource)
     queue = admin.queue(unique_name("rows"))
-    rows = [dict(body=b"full", routing_key=queue, headers=HEADERS, **PROPS),
+    rows = [dict(body=b"full", routing_key=queue, headers=HEADERS, header_types=HEADER_TYPES, **PROPS),
             dict(body=None, routing_key=queue, headers=None, priority=3)]
     df = arrow_df(spark, rows, WRITE_SCHEMA).coalesce(1)
     df.write.format("amqp").mode("append").option("uri", broker_url).save()
     df.write.format("amqprows").mode("append").option("uri", broker_url).save()
     got = get_raw(broker_url, queue, 4)
     assert got[:2] == got[2:]
-    assert got[0][2] == properties.from_columns({**PROPS, "headers": HEADERS}) and got[0][3] == b"full"
+    assert got[0][2] == properties.from_columns({**PROPS, "headers": HEADERS, "header_types": HEADER_TYPES})
+    assert got[0][3] == b"full"
     assert got[1][2] == properties.from_columns({"priority": 3}) and got[1][3] == b""   # a null body is empty
 
 
