@@ -14,8 +14,6 @@ Stable interface (other test files import these; do not rename):
   be told apart: py-amqp's exception class follows the reply code, not the level).
 - ``expect_close(fn, conn=None) -> (level, reply_code)``: like ``close_outcome`` but fails when nothing
   was closed.
-- ``wait_until(predicate, timeout=5.0, interval=0.02, message=...)``: poll with a deadline; returns the
-  predicate's last truthy value or fails the test.
 - ``queue_counts(url, queue) -> (message_count, consumer_count) | None``: passive declare on a fresh
   connection (None when the queue does not exist, i.e. 404).
 - ``exchange_exists(url, exchange) -> bool``: passive exchange declare on a fresh connection.
@@ -25,6 +23,8 @@ Stable interface (other test files import these; do not rename):
 - ``recv_until_closed(sock, timeout=5.0) -> bytes``: read until the peer closes (or fail on timeout).
 - ``raw_handshake(url, ...)``: drive a connection over a raw socket up to connection.open-ok with pamqp
   and return a ``RawConnection`` (socket + frame reader) for protocol-level tests.
+
+Polling with a deadline is ``waiting.wait_until`` (tests/waiting.py, shared by every suite).
 """
 
 from __future__ import annotations
@@ -149,19 +149,7 @@ def amqp_sync(ch: Any) -> None:
     ch.basic_qos(prefetch_size=0, prefetch_count=0, a_global=False)
 
 
-# ---------------------------------------------------------------------------------------- polling
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02,
-               message: str = "condition not met") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s: {message}")
-        time.sleep(interval)
+# ------------------------------------------------------------------------------------ broker state
 
 
 def queue_counts(url: str, queue: str) -> tuple[int, int] | None:

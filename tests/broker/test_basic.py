@@ -16,9 +16,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from helpers import amqp_sync, expect_close, pika_sync, queue_counts, raw_handshake, wait_until
+from helpers import amqp_sync, expect_close, pika_sync, queue_counts, raw_handshake
 from support import (Collector, Env, amqp_nack, apump, asettle, bodies, env, pump, raw_frame,  # noqa: F401
                      raw_method, read_raw_frame, settle)
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

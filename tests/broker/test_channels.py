@@ -19,7 +19,8 @@ from pamqp import commands as C
 from pamqp import header as pheader
 
 from helpers import (amqp_connect, amqp_sync, close_outcome, pika_connect, pika_sync,
-                     raw_handshake, safe_close, wait_until)
+                     raw_handshake, safe_close)
+from waiting import wait_until
 
 # ---------------------------------------------------------------------------------------- lifecycle
 

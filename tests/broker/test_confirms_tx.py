@@ -12,8 +12,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from helpers import expect_close, pika_sync, queue_counts, wait_until
+from helpers import expect_close, pika_sync, queue_counts
 from support import apump, asettle, bodies, env, pump, settle  # noqa: F401
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

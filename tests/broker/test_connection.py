@@ -22,7 +22,8 @@ from pamqp import frame as pframe
 from pamqp import heartbeat as pheartbeat
 
 from helpers import (PROTOCOL_HEADER, RawConnection, amqp_connect, parse_url, pika_connect,
-                     raw_handshake, raw_socket, recv_until_closed, safe_close, wait_until)
+                     raw_handshake, raw_socket, recv_until_closed, safe_close)
+from waiting import wait_until
 
 EXPECTED_CAPABILITIES = (
     "publisher_confirms", "basic.nack", "consumer_cancel_notify", "exchange_exchange_bindings",
@@ -588,11 +589,11 @@ def test_embedded_only_memory_watermark_blocks_and_unblocks_publishers(unique_na
                 pub.process_data_events(time_limit=0.05)
                 return what in events
 
-            wait_until(lambda: saw("blocked"), timeout=10, message="connection.blocked not received")
+            wait_until(lambda: saw("blocked"), timeout=10, message="connection.blocked")
             assert "unblocked" not in events
             ach = admin.channel()
             ach.queue_purge(q)
-            wait_until(lambda: saw("unblocked"), timeout=10, message="connection.unblocked not received")
+            wait_until(lambda: saw("unblocked"), timeout=10, message="connection.unblocked")
             assert events == ["blocked", "unblocked"]
             # publishing works again
             pch.basic_publish("", q, b"after")

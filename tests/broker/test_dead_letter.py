@@ -16,8 +16,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from helpers import pika_sync, queue_counts, raw_handshake, wait_until
+from helpers import pika_sync, queue_counts, raw_handshake
 from support import Env, amqp_nack, bodies, drain, env, raw_frame, raw_method, read_raw_frame  # noqa: F401
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -271,7 +272,7 @@ def test_x_death_count_increments_and_entry_moves_to_front(env):
         assert method is not None, f"message not in {src}"
         c.basic_reject(method.delivery_tag, requeue=False)
         pika_sync(c)
-        wait_until(lambda: queue_counts(env.url, dst) == (1, 0), message=f"message dead-lettered to {dst}")
+        wait_until(lambda: queue_counts(env.url, dst) == (1, 0), message=f"the message dead-lettered to {dst}")
         return c.basic_get(dst)  # peek: take it and put it back
 
     def peek(src: str, dst: str) -> dict:
@@ -311,7 +312,7 @@ def test_same_queue_different_reasons_are_separate_entries(env):
     pika_sync(ch)
     conn = env.pika()
     c = conn.channel()
-    wait_until(lambda: queue_counts(env.url, q2) == (1, 0), message="expired into q2")
+    wait_until(lambda: queue_counts(env.url, q2) == (1, 0), message="the message to expire into q2")
     method, _p, _b = c.basic_get(q2)
     c.basic_reject(method.delivery_tag, requeue=False)  # back to q1, then expires into q2 again
     pika_sync(c)

@@ -13,7 +13,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from helpers import amqp_connect, close_outcome, drain_get, exchange_exists, pika_connect, wait_until
+from helpers import amqp_connect, close_outcome, drain_get, exchange_exists, pika_connect
+from waiting import wait_until
 
 # -------------------------------------------------------------------------------------- fixtures
 
@@ -665,7 +666,7 @@ def test_auto_delete_exchange_removed_when_last_queue_unbound(ch, conn, unique_n
     ch.queue_unbind(q, x, "k1")
     assert exchange_exists(url, x)                    # one binding left
     ch.queue_unbind(q, x, "k2")
-    wait_until(lambda: not exchange_exists(url, x), message="auto-delete exchange still exists")
+    wait_until(lambda: not exchange_exists(url, x), message="the auto-delete exchange to go")
 
 
 def test_auto_delete_exchange_removed_when_bound_queue_deleted(ch, conn, unique_name):
@@ -675,7 +676,7 @@ def test_auto_delete_exchange_removed_when_bound_queue_deleted(ch, conn, unique_
     q = ch.queue_declare(unique_name("q")).method.queue
     ch.queue_bind(q, x, "k")
     ch.queue_delete(q)
-    wait_until(lambda: not exchange_exists(url, x), message="auto-delete exchange still exists")
+    wait_until(lambda: not exchange_exists(url, x), message="the auto-delete exchange to go")
 
 
 def test_auto_delete_exchange_never_bound_survives(ch, conn, unique_name):
@@ -698,7 +699,7 @@ def test_auto_delete_source_removed_when_e2e_binding_goes(ch, conn, unique_name)
     try:
         ch.exchange_bind(dst, src)
         ch.exchange_unbind(dst, src)
-        wait_until(lambda: not exchange_exists(url, src), message="auto-delete source still exists")
+        wait_until(lambda: not exchange_exists(url, src), message="the auto-delete source exchange to go")
         assert exchange_exists(url, dst)     # a destination's auto-delete is about its own bindings
     finally:
         ch.exchange_delete(dst)
@@ -712,7 +713,7 @@ def test_auto_delete_source_removed_when_destination_deleted(ch, conn, unique_na
     ch.exchange_declare(dst, "fanout")
     ch.exchange_bind(dst, src)
     ch.exchange_delete(dst)
-    wait_until(lambda: not exchange_exists(url, src), message="auto-delete source still exists")
+    wait_until(lambda: not exchange_exists(url, src), message="the auto-delete source exchange to go")
 
 
 # ------------------------------------------------------------------------------ alternate-exchange

@@ -13,8 +13,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from helpers import expect_close, pika_sync, queue_counts, wait_until
+from helpers import expect_close, pika_sync, queue_counts
 from support import Collector, Env, bodies, drain, env, pump, settle  # noqa: F401
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,7 +27,7 @@ def test_message_ttl_expires_messages(env):
     q = env.queue(arguments={"x-message-ttl": 200})
     env.publish(q, bodies(2))
     assert queue_counts(env.url, q) == (2, 0)
-    wait_until(lambda: queue_counts(env.url, q) == (0, 0), timeout=3, message="messages expired")
+    wait_until(lambda: queue_counts(env.url, q) == (0, 0), timeout=3, message="the messages to expire")
     ch = env.admin()
     assert ch.basic_get(q) == (None, None, None)
 
@@ -151,7 +152,7 @@ class QueueWatch:
             return False
         return True
 
-    def wait_gone(self, queue: str, timeout: float = 3.0, what: str = "queue deleted by x-expires") -> None:
+    def wait_gone(self, queue: str, timeout: float = 3.0, what: str = "the queue to be deleted by x-expires") -> None:
         wait_until(lambda: not self.exists(queue), timeout=timeout, interval=0.05, message=what)
 
 
@@ -177,7 +178,7 @@ def test_queue_with_a_consumer_does_not_expire(env):
     settle(conn, 0.6)
     assert watch.exists(q)
     ch.basic_cancel(tag)
-    watch.wait_gone(q, what="queue deleted once its consumer was cancelled")
+    watch.wait_gone(q, what="the queue to be deleted once its consumer was cancelled")
 
 
 def test_queue_use_resets_expiry_timer(env):

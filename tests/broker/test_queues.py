@@ -15,7 +15,8 @@ import pika.exceptions
 import pytest
 
 from helpers import (amqp_connect, close_outcome, drain_get, pika_connect, queue_counts, queue_exists,
-                     safe_close, wait_until)
+                     safe_close)
+from waiting import wait_until
 
 
 @pytest.fixture
@@ -230,7 +231,7 @@ def test_exclusive_queue_deleted_when_owner_closes(broker_url, unique_name):
     q = och.queue_declare(unique_name("excl"), exclusive=True).method.queue
     och.basic_publish("", q, b"lost with its owner")
     owner.close()
-    wait_until(lambda: not queue_exists(broker_url, q), message="exclusive queue outlived its connection")
+    wait_until(lambda: not queue_exists(broker_url, q), message="the exclusive queue to go with its connection")
     # the name is free again
     c = pika_connect(broker_url)
     try:
@@ -247,7 +248,7 @@ def test_exclusive_queue_deleted_when_owner_connection_dies(broker_url, unique_n
     och.queue_declare(q, exclusive=True, auto_delete=False)
     owner.sock.close()                               # no connection.close: the socket just goes away
     try:
-        wait_until(lambda: not queue_exists(broker_url, q), message="exclusive queue outlived its socket")
+        wait_until(lambda: not queue_exists(broker_url, q), message="the exclusive queue to go with its socket")
     finally:
         safe_close(owner)
 
@@ -271,7 +272,7 @@ def test_auto_delete_queue_deleted_when_last_consumer_cancels(conn, ch, declared
     c1.basic_cancel(t1)
     assert queue_counts(broker_url, q) == (0, 1)          # one consumer left: still there
     c2.basic_cancel(t2)
-    wait_until(lambda: not queue_exists(broker_url, q), message="auto-delete queue survived its consumers")
+    wait_until(lambda: not queue_exists(broker_url, q), message="the auto-delete queue to go with its last consumer")
 
 
 def test_auto_delete_queue_without_consumers_survives(conn, ch, declared, broker_url):
@@ -509,7 +510,7 @@ def test_delete_cancels_consumers(conn, ch, declared, broker_url):
     def seen():
         conn.process_data_events(time_limit=0.05)
         return cancelled
-    wait_until(seen, message="no basic.cancel after the queue was deleted")
+    wait_until(seen, message="basic.cancel after the queue was deleted")
     assert cancelled == [tag]
     assert not queue_exists(broker_url, q)
 

@@ -1,17 +1,16 @@
 """Helpers for the client tests (module name distinct from tests/broker/helpers.py: rootdir-less imports).
 
-- ``Proxy``: a TCP relay between the client and a real broker that can be *frozen* (stop relaying
-  without closing: a network partition, so heartbeats go missing) or *killed* (reset both sockets).
+The relay that freezes or kills the link to the broker is ``proxies.Proxy``, polling is
+``waiting.wait_until``, and ``free_port`` is in ``brokers`` (modules shared by every suite, in tests/).
+
 - ``field_table(items)``: an AMQP field table with explicit type tags, so the tests can put every field
   type on the wire (pamqp picks tags from Python types and never emits some of them).
 - ``raw_properties(...)``: content-header property bytes built by hand (flags word + values).
-- ``wait_until``: poll with a deadline.
 - ``Blocked``: run a blocking call in a thread and report what it raised and when.
 """
 
 from __future__ import annotations
 
-import socket
 import struct
 import threading
 import time
@@ -19,19 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-# ----------------------------------------------------------------------------------------- polling
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02,
-               message: str = "condition not reached") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{message} within {timeout} s")
-        time.sleep(interval)
+# ----------------------------------------------------------------------------------- blocking calls
 
 
 class Blocked:
@@ -60,91 +47,6 @@ class Blocked:
         if self._thread.is_alive():
             pytest.fail(f"the blocked call did not return within {timeout} s")
         return self.error, self.elapsed
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ------------------------------------------------------------------------------------------- proxy
-
-
-class Proxy:
-    """127.0.0.1:<port> -> upstream, relaying bytes both ways in two threads per connection."""
-
-    def __init__(self, upstream_host: str, upstream_port: int):
-        self.upstream = (upstream_host, upstream_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._frozen = threading.Event()
-        self._stopped = threading.Event()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url_for(self, broker_url: str) -> str:
-        """The broker URL rewritten to go through this proxy."""
-        head, _, rest = broker_url.rpartition("@")
-        _, _, path = rest.partition("/")
-        return f"{head}@127.0.0.1:{self.port}/{path}"
-
-    def _accept(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                while self._frozen.is_set() and not self._stopped.is_set():
-                    time.sleep(0.01)  # hold the bytes: neither side hears from the other
-                if self._stopped.is_set():
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def freeze(self) -> None:
-        """Stop relaying (sockets stay open): what a network partition looks like to both peers."""
-        self._frozen.set()
-
-    def thaw(self) -> None:
-        """Relay again, held bytes first."""
-        self._frozen.clear()
-
-    def kill(self) -> None:
-        """Drop every relayed connection at once and stop accepting (the client sees FIN or RST)."""
-        self._stopped.set()
-        for s in self._sockets + [self._listener]:
-            try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                s.shutdown(socket.SHUT_RDWR)  # wakes the pump threads blocked in recv on it
-            except OSError:
-                pass
-            s.close()
-
-    close = kill
-
-    @classmethod
-    def to(cls, broker_url: str) -> "Proxy":
-        host_port = broker_url.rpartition("@")[2].split("/")[0]
-        host, port = host_port.rsplit(":", 1)
-        return cls(host, int(port))
 
 
 # ------------------------------------------------------------------------------- wire encodings

@@ -14,8 +14,9 @@ import time
 import pika
 import pytest
 
-from client_helpers import field_table, raw_properties, wait_until
+from client_helpers import field_table, raw_properties
 from spark_amqp.client import ChannelClosedError, ConsumerCancelledError, Connection
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,7 +69,7 @@ def test_round_trip_every_property_and_header_type(broker_url, connect, unique_n
         assert ch.wait_for_confirms(timeout=10) == 1
 
         ch.basic_consume(ours)
-        (d,) = wait_until(lambda: ch.get_deliveries(10, timeout=0.5), message="no delivery")
+        (d,) = wait_until(lambda: ch.get_deliveries(10, timeout=0.5), message="a delivery")
         assert (d.exchange, d.routing_key, d.redelivered, d.delivery_tag, d.body) == \
             (exchange, "any.key", False, 1, body)
         assert d.properties_raw == raw  # both brokers pass content headers through byte for byte
@@ -82,7 +83,7 @@ def test_round_trip_every_property_and_header_type(broker_url, connect, unique_n
         decoded["bytes"] = bytes(decoded["bytes"])  # pamqp gives bytearray for 'x'
         assert decoded == {name: value for name, _, _, value in HEADER_FIELDS}
 
-        method, pprops, pbody = wait_until(lambda: _pika_get(pch, theirs), message="pika got nothing")
+        method, pprops, pbody = wait_until(lambda: _pika_get(pch, theirs), message="pika to get the message")
         assert pbody == body and method.exchange == exchange and method.routing_key == "any.key"
         for name in ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id",
                      "reply_to", "expiration", "message_id", "user_id", "app_id"):

@@ -13,10 +13,13 @@ import time
 
 import pytest
 
-from spark_amqp_broker import Broker
-from client_helpers import Blocked, Proxy, free_port, wait_until
+from brokers import free_port
+from client_helpers import Blocked
+from proxies import Proxy
 from spark_amqp.client import (AuthenticationError, ChannelClosedError, ConnectError, Connection,
                                ConnectionClosedError, ConnectionLostError)
+from spark_amqp_broker import Broker
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -237,7 +240,7 @@ def test_connection_blocked_and_unblocked_are_tracked():
             q = ch.queue_declare("big").name
             for _ in range(10):
                 ch.publish("", q, b"x" * 1000)
-            wait_until(lambda: publisher.blocked is not None, message="no connection.blocked")
+            wait_until(lambda: publisher.blocked is not None, message="connection.blocked")
             assert "memory" in publisher.blocked
             admin_ch = admin.channel()
             purged = [admin_ch.queue_purge(q)]
@@ -247,12 +250,12 @@ def test_connection_blocked_and_unblocked_are_tracked():
                 purged.append(admin_ch.queue_purge(q))
                 return sum(purged) == 10 and publisher.blocked is None
 
-            wait_until(drained, message="no connection.unblocked, or messages lost while blocked")
+            wait_until(drained, message="connection.unblocked and every message published while blocked")
             # Blocked again: a blocked connection's socket is not read (RabbitMQ's rule, which the
             # embedded broker follows), so close() cannot get its close-ok; it must still return in time.
             for _ in range(10):
                 ch.publish("", q, b"x" * 1000)
-            wait_until(lambda: publisher.blocked is not None, message="no second connection.blocked")
+            wait_until(lambda: publisher.blocked is not None, message="a second connection.blocked")
             started = time.monotonic()
             publisher.close(timeout=0.5)
             assert time.monotonic() - started < 2 and not publisher.is_open
@@ -265,7 +268,7 @@ def test_connection_that_never_published_is_not_blocked():
             q = ch.queue_declare("big").name
             for _ in range(10):
                 ch.publish("", q, b"x" * 1000)
-            wait_until(lambda: publisher.blocked is not None, message="no connection.blocked")
+            wait_until(lambda: publisher.blocked is not None, message="connection.blocked")
             consumer.channel().queue_declare(q, passive=True)  # a round trip after the alarm
             blocked = consumer.blocked
             purger = consumer.channel()
@@ -275,5 +278,5 @@ def test_connection_that_never_published_is_not_blocked():
                 purged.append(purger.queue_purge(q))
                 return sum(purged) == 10 and publisher.blocked is None
 
-            wait_until(drained, message="no connection.unblocked")
+            wait_until(drained, message="connection.unblocked")
             assert blocked is None

@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from client_helpers import Blocked, Proxy, wait_until
+from client_helpers import Blocked
+from proxies import Proxy
 from spark_amqp.client import (AMQPTimeoutError, ChannelClosedError, Connection, PublishNackedError,
                                UnroutableError)
+from waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,9 @@ from collections import Counter
 
 import pytest
 
-from sink_helpers import SlowLink, cut_connections, wait_until
+from proxies import Proxy
+from sink_helpers import cut_sink_connections
+from waiting import wait_until
 
 
 def write(df, url, **options):
@@ -103,12 +105,12 @@ def test_a_nacked_publish_fails_the_write_with_a_clear_error(spark, broker_url, 
 @pytest.mark.parametrize("cut_by", ["network", "broker"])
 def test_connection_cut_mid_batch_loses_no_confirmed_message(spark, broker_url, broker_kind, request, admin,
                                                              unique_name, tmp_path, cut_by):
-    """The sink publishes through a slow link (SlowLink); while both tasks of the batch are publishing, the
-    link is cut (`network`: both sockets reset) or the broker closes the sink's connections (`broker`: the
-    embedded broker aborts them through its core; RabbitMQ: `rabbitmqctl close_connection`, 320
-    CONNECTION_FORCED, for the sink's two connections only). The query fails with the sink's error;
-    restarted from its checkpoint it re-runs the batch with the same message ids; afterwards every row is in
-    the queue, and every message the failed task reported as confirmed is there too."""
+    """The sink publishes through a slow link (a rate-limited `proxies.Proxy`); while both tasks of the batch
+    are publishing, the link is cut (`network`: both sockets reset) or the broker closes the sink's
+    connections (`broker`: the embedded broker aborts them through its core; RabbitMQ: `rabbitmqctl
+    close_connection`, 320 CONNECTION_FORCED, for the sink's two connections only). The query fails with the
+    sink's error; restarted from its checkpoint it re-runs the batch with the same message ids; afterwards
+    every row is in the queue, and every message the failed task reported as confirmed is there too."""
     queue = admin.queue(unique_name("cut"))
     src, chk = tmp_path / "in", tmp_path / "chk"
     src.mkdir()
@@ -122,17 +124,17 @@ def test_connection_cut_mid_batch_loses_no_confirmed_message(spark, broker_url, 
                 .option("messageId", "deterministic").option("checkpointLocation", str(chk))
                 .option("confirmTimeout", "20").trigger(availableNow=True).start())
 
-    link = SlowLink(broker_url, rate=50_000)   # about 700 messages/s per connection: 4,000 take 6 s
+    link = Proxy.to(broker_url, rate=50_000)   # about 700 messages/s per connection: 4,000 take 6 s
     q = None
     try:
         q = start(link.url_for(broker_url))
-        wait_until(lambda: admin.depth(queue) >= 500, 60, "the first published messages")
-        wait_until(lambda: link.connections == 2, 10, "both tasks publishing")
+        wait_until(lambda: admin.depth(queue) >= 500, 60, message="the first published messages")
+        wait_until(lambda: link.connections == 2, 10, message="both tasks publishing")
         if cut_by == "network":
             link.cut()
         else:
             broker = request.getfixturevalue("amqp_broker") if broker_kind == "embedded" else None
-            assert cut_connections(broker_kind, broker, q.id) == 2
+            assert cut_sink_connections(broker, q.id) == 2
         with pytest.raises(Exception) as failed:   # StreamingQueryException
             q.awaitTermination(30)
     finally:

@@ -9,40 +9,17 @@ Every Spark query a test starts is stopped after it, so a failing test does not 
 
 from __future__ import annotations
 
-import subprocess
-import time
 import uuid
 
 import pika
 import psutil
-import pytest
+
+from brokers import cut_connections, rabbitmq_list
+from waiting import wait_until
 
 # A password that matches none of Spark's own redaction patterns (secret|password|token|access key),
 # so that if it shows up anywhere it is the connector's doing, and it is easy to search for.
 SECRET = "hunter2q7Zx"
-
-RABBITMQCTL_TIMEOUT = 30
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1, message: str = "condition"):
-    """Poll `predicate` until it returns a truthy value (returned) or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {message} (last value {value!r})")
-        time.sleep(interval)
-
-
-def rabbitmqctl(*args: str) -> str:
-    out = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                         timeout=RABBITMQCTL_TIMEOUT)
-    if out.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {out.stderr.strip()}")
-    return out.stdout
-
 
 def _spark_descendants() -> list[psutil.Process]:
     """Processes started (indirectly) by this test process: the Spark JVM and its Python workers."""
@@ -128,11 +105,9 @@ class Env:
     def state(self, queue: str) -> tuple[int, int]:
         """(messages ready, messages delivered and not acked) of `queue`, as the broker counts them."""
         if self.broker is None:
-            for line in rabbitmqctl("list_queues", "name", "messages_ready", "messages_unacknowledged",
-                                    "--no-table-headers").splitlines():
-                parts = line.split("\t")
-                if len(parts) == 3 and parts[0] == queue:
-                    return int(parts[1]), int(parts[2])
+            for row in rabbitmq_list("queues", "name", "messages_ready", "messages_unacknowledged"):
+                if row["name"] == queue:
+                    return int(row["messages_ready"]), int(row["messages_unacknowledged"])
             raise AssertionError(f"queue {queue!r} not found by rabbitmqctl list_queues")
 
         def inspect(core):
@@ -146,10 +121,9 @@ class Env:
     def consumers(self, queue: str) -> int:
         """Consumers attached to `queue` now."""
         if self.broker is None:
-            for line in rabbitmqctl("list_queues", "name", "consumers", "--no-table-headers").splitlines():
-                parts = line.split("\t")
-                if len(parts) == 2 and parts[0] == queue:
-                    return int(parts[1])
+            for row in rabbitmq_list("queues", "name", "consumers"):
+                if row["name"] == queue:
+                    return int(row["consumers"])
             raise AssertionError(f"queue {queue!r} not found by rabbitmqctl list_queues")
         return self.broker.call(lambda core: len(core.vhosts["/"].queues[queue].consumers), self.broker.core)
 
@@ -173,36 +147,18 @@ class Env:
             last = self.state(queue)
             return last == expected
 
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                pytest.fail(f"queue {queue}: expected (ready, unacked) == {expected}, still {last} "
-                            f"after {timeout} s")
-            time.sleep(0.2)
+        wait_until(check, timeout, interval=0.2,
+                   message=lambda: f"queue {queue} to hold (ready, unacked) == {expected}, still {last}")
 
     # --- faults ----------------------------------------------------------------------------------
 
     def cut_source_connections(self) -> int:
         """Close, from the broker's side, the connections Spark's processes hold. Returns how many."""
-        if self.broker is None:
-            ports = local_ports_to(5672)
-            closed = 0
-            listing = rabbitmqctl("list_connections", "pid", "peer_port", "--no-table-headers")
-            for line in listing.splitlines():
-                parts = line.split("\t")
-                if len(parts) == 2 and int(parts[1]) in ports:
-                    rabbitmqctl("close_connection", parts[0], "test: connection cut by the source tests")
-                    closed += 1
-            return closed
-
-        def abort(core):
-            victims = [c for c in list(core.connections)
-                       if c.client_properties.get("product") in ("spark-amqp", b"spark-amqp")]
-            for c in victims:
-                c.io.transport.abort()
-            return len(victims)
-
-        return self.broker.call(abort, self.broker.core)
+        ports = local_ports_to(5672) if self.broker is None else set()
+        return cut_connections(
+            self.broker, reason="test: connection cut by the source tests", columns=["peer_port"],
+            rabbitmq=lambda row: int(row["peer_port"]) in ports,
+            embedded=lambda conn: conn.client_properties.get("product") in ("spark-amqp", b"spark-amqp"))
 
     def cleanup(self) -> None:
         try:

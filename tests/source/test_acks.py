@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from source_helpers import Collector, checkpoint, stream, wait_until
+from source_helpers import Collector, checkpoint, stream
+from waiting import wait_until
 
 
 def test_batch_is_unacked_while_it_runs_and_acked_after_its_commit(spark, env, tmp_path):
@@ -37,7 +38,7 @@ def test_batch_is_unacked_while_it_runs_and_acked_after_its_commit(spark, env, t
     query = (stream(spark, env.url, q, maxMessagesPerTrigger=10).writeStream.foreachBatch(sink)
              .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="200 milliseconds")
              .start())
-    wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, message="all rows")
+    wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, interval=0.1, message="all rows")
     assert query.exception() is None
     assert sorted(sink.bodies()) == sorted(f"m{i}".encode() for i in range(total))
     assert len([b for b in sink.batches if sink.batches[b]]) >= 3, "maxMessagesPerTrigger=10 gave <3 batches"
@@ -61,7 +62,7 @@ def test_idle_stream_acks_its_last_batch_while_the_query_runs(spark, env, tmp_pa
     query = (stream(spark, env.url, q).writeStream.foreachBatch(sink)
              .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="100 milliseconds")
              .start())
-    wait_until(lambda: len(sink.rows) >= 6 or query.exception(), 60, message="6 rows")
+    wait_until(lambda: len(sink.rows) >= 6 or query.exception(), 60, interval=0.1, message="6 rows")
     batches_when_done = len(sink.order)
     # No new messages: the query idles; within a few triggers its last batch must be acked.
     env.wait_state(q, (0, 0), timeout=10, query=query)

@@ -7,12 +7,13 @@ whose password (`SECRET`) is easy to search for; broker errors run against both 
 
 from __future__ import annotations
 
-import socket
 import urllib.parse
 
 import pytest
 
-from source_helpers import SECRET, checkpoint, stream, wait_until
+from brokers import free_port
+from source_helpers import SECRET, checkpoint, stream
+from waiting import wait_until
 
 ERROR_WAIT = 30
 
@@ -74,12 +75,6 @@ def test_missing_uri_is_named(spark, tmp_path):
     assert "'uri'" in text and "required" in text, text[:2000]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _with_password(url: str, password: str) -> str:
     parts = urllib.parse.urlsplit(url)
     netloc = f"{parts.username}:{password}@{parts.hostname}:{parts.port}"
@@ -87,7 +82,7 @@ def _with_password(url: str, password: str) -> str:
 
 
 def test_unreachable_broker_is_a_clear_error(spark, tmp_path):
-    port = _free_port()
+    port = free_port()
     text = start_error(spark, tmp_path, {"uri": f"amqp://guest:{SECRET}@127.0.0.1:{port}/%2F",
                                          "queue": "events", "connectTimeout": "3"})
     assert "cannot reach" in text and f"127.0.0.1:{port}" in text, text[:2000]
@@ -154,7 +149,7 @@ def test_password_is_not_in_a_running_query_plan_or_progress(spark, secret_broke
              .option("checkpointLocation", checkpoint(tmp_path))
              .trigger(processingTime="200 milliseconds").start())
     wait_until(lambda: any(p["numInputRows"] for p in query.recentProgress) or query.exception(), 60,
-               message="a batch")
+               interval=0.1, message="a batch")
     capsys.readouterr()
     query.explain(True)
     running_plan = capsys.readouterr().out

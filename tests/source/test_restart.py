@@ -11,7 +11,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from source_helpers import Collector, checkpoint, stream, wait_until
+from source_helpers import Collector, checkpoint, stream
+from waiting import wait_until
 
 JOB = Path(__file__).with_name("stream_job.py")
 
@@ -34,7 +35,7 @@ def test_restart_after_stop_delivers_everything_at_least_once(spark, env, tmp_pa
     first = Collector()
     query = (stream(spark, env.url, q, maxMessagesPerTrigger=5).writeStream.foreachBatch(first)
              .option("checkpointLocation", chk).trigger(processingTime="300 milliseconds").start())
-    wait_until(lambda: len(first.rows) >= 5 or query.exception(), 60, message="a first batch")
+    wait_until(lambda: len(first.rows) >= 5 or query.exception(), 60, interval=0.1, message="a first batch")
     query.stop()
     assert query.exception() is None
     env.wait_no_consumer(q)
@@ -92,7 +93,7 @@ def test_restart_after_killing_the_driver_delivers_everything_at_least_once(env,
 
     job = _job(env.url, q, chk, out, "stream")
     try:
-        wait_until(lambda: len(list(out.glob("*.txt"))) >= 2 or job.poll() is not None, 120,
+        wait_until(lambda: len(list(out.glob("*.txt"))) >= 2 or job.poll() is not None, 120, interval=0.1,
                    message="two batches from the first driver")
         assert job.poll() is None, f"the first job ended on its own:\n{job.stdout.read()}"
         os.kill(job.pid, signal.SIGKILL)               # the driver only, mid-stream
