@@ -195,7 +195,17 @@ def print_progress(query, stats: dict, depths: dict, seen: list) -> None:
         seen[1] += progress["numInputRows"]
         print(f"   batch {progress['batchId']:>3}: {progress['numInputRows']:>6} rows "
               f"{progress.get('processedRowsPerSecond', 0):>9.0f} rows/s | published {stats['published']:>6} "
-              f"| waiting in orders.all {depths['orders.all']:>6} | results {depths['orders.eur.all']:>6}")
+              f"| backlog {backlog(progress)} | results {depths['orders.eur.all']:>6}")
+
+
+def backlog(progress) -> str:
+    """The source's backlog from the query's progress (its reportLatestOffset): ready in the broker,
+    and delivered to the query but not yet acked."""
+    latest = progress["sources"][0].get("latestOffset") if progress.get("sources") else None
+    if not latest:
+        return "?"
+    queue = json.loads(latest).get("queues", {}).get("orders.all") or {}
+    return f"{queue.get('ready', '?')!s:>6} ready {queue.get('unacked', '?')!s:>6} unacked"
 
 
 def report(url: str, count: int) -> None:

@@ -262,6 +262,29 @@ class QueueConsumer:
         return total
 
 
+    def backlog(self) -> dict:
+        """Per queue, what is not yet acked: `ready` in the broker (its own count, one passive declare),
+        `unacked` (delivered to this source and not acked: in planned batches or held) and `held`
+        (received, not yet in a batch). For the query's progress; never raises (a lost channel reads as
+        unknown: None)."""
+        out = {}
+        in_batches: dict[str, int] = {}
+        for batch in self.batches.values():
+            for name, deliveries in batch.deliveries:
+                in_batches[name] = in_batches.get(name, 0) + len(deliveries)
+        connected = self.conn is not None and self.conn.is_open
+        for q in self.queues:
+            held = sum(ch.pending_deliveries for ch in q.channels)
+            ready = None
+            if connected and q.channel is not None:
+                try:
+                    ready = q.channel.queue_declare(q.name, passive=True).message_count
+                except AMQPError:
+                    self._drop(q)
+            out[q.name] = {"ready": ready, "unacked": in_batches.get(q.name, 0) + held, "held": held}
+        return out
+
+
 def _default_prefetch(options) -> int:
     per_trigger = options.get("maxMessagesPerTrigger")
     return max(2 * per_trigger, 1000) if per_trigger else DEFAULT_PREFETCH

@@ -55,10 +55,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: QueueConsumer | None = None
         self._available_now_left: int | None = None
         self._barrier_done = False
+        self._latest = 0       # the last batch planned
 
     def __getstate__(self):
         return {"options": self.options, "_consumer": None, "_available_now_left": None,
-                "_barrier_done": False}
+                "_barrier_done": False, "_latest": 0}
 
     # --- driver ------------------------------------------------------------------------------------
 
@@ -100,6 +101,19 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit) -> dict:
         """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
         has arrived; returns `start` when there is nothing new."""
+        end = self._latest_offset(start, limit)
+        self._latest = max(self._latest, int(end["seq"]))
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
+        `latestOffset`: the last batch planned and, per queue, the backlog (`ready` in the broker,
+        `unacked`: delivered to this query and not yet acked, `held`: received, not yet in a batch)."""
+        if self._consumer is None:
+            return None
+        return {"seq": self._latest, "queues": self._consumer.backlog()}
+
+    def _latest_offset(self, start: dict, limit) -> dict:
         consumer = self._session()
         seq = int(start["seq"])
         consumer.ack_through(seq)
@@ -123,7 +137,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             consumer.batches.pop(seq + 1, None)
             if self._available_now_left is not None:   # drained: end with the barrier
                 self._available_now_left = 0
-                return self.latestOffset(start, limit)
+                return self._latest_offset(start, limit)
             return start
         if self._available_now_left is not None:
             self._available_now_left -= batch.count

@@ -22,7 +22,8 @@ def start_query(spark, src, chk, url, even_queue, odd_queue):
     out = events.selectExpr(
         "CAST(n AS STRING) AS body",
         f"CASE kind WHEN 'even' THEN '{even_queue}' ELSE '{odd_queue}' END AS routing_key",
-        "map('n', CAST(n AS STRING) || '::long', 'kind', kind) AS headers",
+        "map('n', CAST(n AS STRING), 'kind', kind) AS headers",
+        "map('n', 'long') AS header_types",   # 'kind' has no type: a string
         "'application/json' AS content_type",
     )
     return (out.writeStream.format("amqp").option("uri", url).option("messageId", "deterministic")
