@@ -8,6 +8,7 @@ The README's options table is this module's table.
 
 from __future__ import annotations
 
+import difflib
 import json
 import urllib.parse
 from dataclasses import dataclass
@@ -169,6 +170,24 @@ BY_KEY = {o.name.lower(): o for o in OPTIONS}
 BY_KEY["url"] = BY_KEY["uri"]     # an alias that Spark's default redaction (`(?i)url`) hides in plans
 
 
+# What users of Spark's Kafka source (and of other AMQP tools) reach for, and this connector's name for it.
+NAMES_ELSEWHERE = {
+    "maxoffsetspertrigger": "maxMessagesPerTrigger", "maxrecordspertrigger": "maxMessagesPerTrigger",
+    "subscribe": "queue", "queues": "queue", "kafka.bootstrap.servers": "uri", "host": "uri",
+    "topic": "routingKey", "routing_key": "routingKey", "prefetchcount": "prefetch", "qos": "prefetch",
+}
+
+
+def suggestion(key: str, role: str) -> str:
+    """' Did you mean ...?' for an unknown option key, or ''."""
+    names = {o.name.lower(): o.name for o in OPTIONS if o.roles in (role, "both")}
+    known = NAMES_ELSEWHERE.get(key.lower())
+    if known is None or known.lower() not in names:
+        close = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.75)
+        known = names[close[0]] if close else None
+    return f" Did you mean '{known}'?" if known else ""
+
+
 def with_credentials(uri: str, username: str | None, password: str | None) -> str:
     """The URI with its user and/or password replaced (percent-encoded)."""
     scheme, _, rest = uri.partition("://")
@@ -206,7 +225,8 @@ def parse(options, role: str) -> Options:
         if opt is None:
             allowed = ", ".join(o.name for o in OPTIONS if o.roles in (role, "both"))
             raise OptionError(key, "…" if "uri" in key.lower() else value,
-                              f"unknown option for the amqp {role}; known options: {allowed}")
+                              f"unknown option for the amqp {role}.{suggestion(key, role)} "
+                              f"Known options: {allowed}")
         if opt.roles not in (role, "both"):
             raise OptionError(opt.name, value, f"this option applies to the {opt.roles} only")
         out[opt.name] = opt.check(opt.name, value)

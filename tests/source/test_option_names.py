@@ -1,0 +1,30 @@
+"""Option errors a user can act on (no Spark needed): an unknown option names the one meant."""
+
+import pytest
+
+from spark_amqp import options as opts
+
+URI = "amqp://guest:secret-pw@127.0.0.1:5672/%2F"
+
+
+@pytest.mark.parametrize("role, key, meant", [
+    ("source", "maxOffsetsPerTrigger", "maxMessagesPerTrigger"),     # Spark's Kafka source's name
+    ("source", "maxMessagePerTrigger", "maxMessagesPerTrigger"),     # a typo
+    ("source", "subscribe", "queue"),
+    ("source", "prefech", "prefetch"),
+    ("sink", "routingkey_", "routingKey"),
+    ("sink", "confirmTimout", "confirmTimeout"),
+])
+def test_an_unknown_option_suggests_the_known_one(role, key, meant):
+    given = {"uri": URI, "queue": "q"} if role == "source" else {"uri": URI}
+    with pytest.raises(opts.OptionError) as err:
+        opts.parse({**given, key: "5"}, role)
+    text = str(err.value)
+    assert f"option '{key}'" in text and f"Did you mean '{meant}'?" in text
+    assert "secret-pw" not in text
+
+
+def test_no_suggestion_for_something_unrelated():
+    with pytest.raises(opts.OptionError) as err:
+        opts.parse({"uri": URI, "queue": "q", "colour": "blue"}, "source")
+    assert "Did you mean" not in str(err.value) and "Known options: uri" in str(err.value)
