@@ -130,13 +130,15 @@ class EventParser:
         events: list = []
         append = events.append
         content = self._content
+        decode_deliver = methods.decode_deliver
         self._reader.feed(data)
         for ftype, ch, payload in self._reader.frames():
             if ftype == WHOLE_CONTENT:
-                if ch in content:
+                if content and ch in content:
                     raise ProtocolError(f"new content on channel {ch} before the previous one completed")
                 method, header, body = payload
-                msg = Delivery(ch, *methods.decode_deliver(method))
+                ctag, tag, redelivered, exchange, routing_key = decode_deliver(method)
+                msg = Delivery(ch, ctag, tag, redelivered, exchange, routing_key)
                 props = header[12:]
                 msg.properties_raw = EMPTY_PROPERTIES if props == EMPTY_PROPERTIES else props
                 msg.body = body

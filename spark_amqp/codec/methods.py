@@ -25,7 +25,8 @@ from typing import Any
 from pamqp import commands
 
 from . import replies
-from .frames import FRAME_END_BYTE, FRAME_HEAD, FRAME_METHOD, content_frames, content_header
+from .frames import (CONTENT_HEAD as _CONTENT_HEAD, FRAME_BODY, FRAME_END_BYTE, FRAME_HEAD, FRAME_HEADER,
+                     FRAME_METHOD, content_frames, content_header)
 
 _CLASS_METHOD = struct.Struct(">HH")
 _TAG_BITS = struct.Struct(">QB")
@@ -195,12 +196,27 @@ def encode_deliver(channel: int, consumer_tag: bytes, delivery_tag: int, redeliv
     return FRAME_HEAD.pack(FRAME_METHOD, channel, len(args)) + args + FRAME_END_BYTE
 
 
-def decode_deliver(payload: bytes) -> tuple[str, int, bool, str, str]:
-    """(consumer_tag, delivery_tag, redelivered, exchange, routing_key) of a basic.deliver payload."""
-    consumer_tag, o = _shortstr_at(payload, 4)
-    tag, bits = _TAG_BITS.unpack_from(payload, o)
-    exchange, o = _shortstr_at(payload, o + 9)
-    routing_key, o = _shortstr_at(payload, o)
+def decode_deliver(p: bytes) -> tuple[str, int, bool, str, str]:
+    """(consumer_tag, delivery_tag, redelivered, exchange, routing_key) of a basic.deliver payload.
+
+    The consumer's per-message path, so written out flat (no helper calls; names through the cache)."""
+    names = _names
+    try:
+        o = 5 + p[4]
+        raw = p[5:o]
+        consumer_tag = names.get(raw) or name(raw)
+        tag, bits = _TAG_BITS.unpack_from(p, o)
+        o += 9
+        e = o + 1 + p[o]
+        raw = p[o + 1:e]
+        exchange = names.get(raw) or name(raw)
+        o = e + 1 + p[e]
+        raw = p[e + 1:o]
+        routing_key = names.get(raw) or name(raw)
+    except (IndexError, struct.error):
+        o = len(p) + 1
+    if o > len(p):
+        raise replies.connection_error(replies.SYNTAX_ERROR, "basic.deliver is truncated")
     return consumer_tag, tag, bool(bits & 1), exchange, routing_key
 
 
@@ -251,7 +267,15 @@ def decode_nack(payload: bytes) -> tuple[int, bool, bool]:
 def encode_publish_message(channel: int, exchange: bytes, routing_key: bytes, mandatory: bool,
                            properties: bytes, body: bytes, frame_max: int) -> bytes:
     """basic.publish with its content (header from property bytes, body frames), as one bytes object for
-    one socket write: the publisher's per-message path."""
-    parts = content_frames(channel, content_header(len(body), properties), body, frame_max)
-    parts.insert(0, encode_publish(channel, exchange, routing_key, mandatory))
+    one socket write: the publisher's per-message path, written out flat for a body that fits one frame
+    (the common case); a larger body is split by `content_frames`."""
+    method = b"".join((PUBLISH, b"\x00\x00", exchange, routing_key, b"\x01" if mandatory else b"\x00"))
+    size = len(body)
+    head = FRAME_HEAD.pack
+    if size and (size <= frame_max - 8 or not frame_max):
+        return b"".join((head(FRAME_METHOD, channel, len(method)), method, FRAME_END_BYTE,
+                         head(FRAME_HEADER, channel, 12 + len(properties)), _CONTENT_HEAD.pack(60, 0, size),
+                         properties, FRAME_END_BYTE, head(FRAME_BODY, channel, size), body, FRAME_END_BYTE))
+    parts = content_frames(channel, content_header(size, properties), body, frame_max)
+    parts.insert(0, head(FRAME_METHOD, channel, len(method)) + method + FRAME_END_BYTE)
     return b"".join(parts)
