@@ -20,6 +20,24 @@ class AMQPDataSource(DataSource):
         return "amqp"
 
     def schema(self):
+        """Driver, at `load()` (PySpark asks a Python source for its schema when the DataFrame is defined,
+        and never for a write): the moment to report bad source options, before any query starts.
+
+        Options valid for the sink pass here, in case a PySpark version asks on writes too; the reader
+        and writer check their own role again. The error is raised from this frame, so that the
+        traceback Spark prints inside its AnalysisException is one line, not a walk through options.py."""
+        problem = None
+        try:
+            opts.parse(self.options, "source")
+        except opts.OptionError as exc:
+            problem = str(exc)
+            try:
+                opts.parse(self.options, "sink")
+                problem = None
+            except opts.OptionError:
+                pass
+        if problem:
+            raise ValueError(f"amqp: {problem}")
         return SCHEMA
 
     def streamReader(self, schema):

@@ -67,6 +67,8 @@ class QueueConsumer:
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
         self.consuming = False      # consumers started (connect() or the first take())
+        self.taken: dict[str, int] = {}     # deliveries taken into batches so far, per queue
+        self._ready: dict[str, tuple[int, int]] = {}   # per queue: (broker's ready count, received then)
         self._failures = 0
         self._next_attempt = 0.0
 
@@ -191,6 +193,7 @@ class QueueConsumer:
                     self._drop(q)
                     continue
                 if got:
+                    self.taken[q.name] = self.taken.get(q.name, 0) + len(got)
                     batch.deliveries.append((q.name, got))
                     batch.ack_tags.append((ch, got[-1].delivery_tag))
                     remaining -= len(got)
@@ -262,11 +265,15 @@ class QueueConsumer:
         return total
 
 
-    def backlog(self) -> dict:
-        """Per queue, what is not yet acked: `ready` in the broker (its own count, one passive declare),
-        `unacked` (delivered to this source and not acked: in planned batches or held) and `held`
-        (received, not yet in a batch). For the query's progress; never raises (a lost channel reads as
-        unknown: None)."""
+    def backlog(self, ask_broker: bool) -> dict:
+        """Per queue, what is not yet acked: `ready` in the broker, `unacked` (delivered to this source and
+        not acked: in planned batches or held) and `held` (received, not yet in a batch). For the query's
+        progress; never raises (a queue whose channel is lost reads ready = None).
+
+        `ready` is the broker's own count (a passive queue.declare) when `ask_broker`; otherwise the last
+        count less what has been received since. The round trip waits behind the deliveries already on the
+        wire, so the caller asks only now and then while batches flow (measured: asking on every trigger
+        cost the read benchmark ~13% of its throughput)."""
         out = {}
         in_batches: dict[str, int] = {}
         for batch in self.batches.values():
@@ -275,12 +282,15 @@ class QueueConsumer:
         connected = self.conn is not None and self.conn.is_open
         for q in self.queues:
             held = sum(ch.pending_deliveries for ch in q.channels)
-            ready = None
-            if connected and q.channel is not None:
+            received = self.taken.get(q.name, 0) + held
+            if ask_broker and connected and q.channel is not None:
                 try:
-                    ready = q.channel.queue_declare(q.name, passive=True).message_count
+                    self._ready[q.name] = (q.channel.queue_declare(q.name, passive=True).message_count, received)
                 except AMQPError:
                     self._drop(q)
+                    self._ready.pop(q.name, None)
+            known = self._ready.get(q.name)
+            ready = max(0, known[0] - (received - known[1])) if known else None
             out[q.name] = {"ready": ready, "unacked": in_batches.get(q.name, 0) + held, "held": held}
         return out
 

@@ -36,6 +36,9 @@ IN_FLIGHT_WAIT = 2.0
 # cluster; smaller slices cost more in Spark's per-task and per-row overhead than they gain (measured with
 # bench/read_throughput.py: 20,000 gave 0.75x the throughput).
 ROWS_PER_PARTITION = 50000
+# Seconds between the broker round trips behind the backlog's `ready` figure in the query's progress while
+# batches keep coming (an idle trigger always asks): see QueueConsumer.backlog.
+BACKLOG_REFRESH = 5.0
 # Seconds an availableNow batch waits for deliveries to fill it while they keep arriving: a backlog is
 # read in full batches rather than in whatever had arrived when Spark asked (each batch costs Spark ~0.3 s).
 FILL_WAIT = 1.0
@@ -56,10 +59,12 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_left: int | None = None
         self._barrier_done = False
         self._latest = 0       # the last batch planned
+        self._idle = True      # the last latestOffset planned nothing new
+        self._backlog_asked = 0.0
 
     def __getstate__(self):
         return {"options": self.options, "_consumer": None, "_available_now_left": None,
-                "_barrier_done": False, "_latest": 0}
+                "_barrier_done": False, "_latest": 0, "_idle": True, "_backlog_asked": 0.0}
 
     # --- driver ------------------------------------------------------------------------------------
 
@@ -102,6 +107,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
         has arrived; returns `start` when there is nothing new."""
         end = self._latest_offset(start, limit)
+        self._idle = end == start
         self._latest = max(self._latest, int(end["seq"]))
         return end
 
@@ -111,7 +117,11 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         `unacked`: delivered to this query and not yet acked, `held`: received, not yet in a batch)."""
         if self._consumer is None:
             return None
-        return {"seq": self._latest, "queues": self._consumer.backlog()}
+        now = time.monotonic()
+        ask = self._idle or now - self._backlog_asked >= BACKLOG_REFRESH
+        if ask:
+            self._backlog_asked = now
+        return {"seq": self._latest, "queues": self._consumer.backlog(ask_broker=ask)}
 
     def _latest_offset(self, start: dict, limit) -> dict:
         consumer = self._session()

@@ -163,3 +163,16 @@ def test_password_is_not_in_a_failed_query_error(spark, secret_broker, tmp_path)
     text = start_error(spark, tmp_path, {"uri": secret_broker.secret_url, "queue": "no-such-queue"})
     assert "no-such-queue" in text
     _secret_free(text)
+
+
+@pytest.mark.parametrize("reader", ["readStream", "read"])
+def test_a_bad_option_fails_load_itself_with_a_short_message(spark, secret_broker, reader):
+    """Where the user looks: `load()` raises (not the query, seconds later), the text names the option
+    (Spark hands options over lowercased), suggests the one meant, and is short."""
+    df_reader = getattr(spark, reader).format("amqp").option("uri", secret_broker.secret_url)
+    with pytest.raises(Exception) as err:
+        df_reader.option("queue", "events").option("maxOffsetsPerTrigger", "5").load()
+    text = str(err.value)
+    assert "maxoffsetspertrigger" in text.lower() and "Did you mean 'maxMessagesPerTrigger'?" in text, text
+    assert len(text) < 1200, f"{len(text)} characters:\n{text}"
+    _secret_free(text)
