@@ -19,6 +19,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=None, help="port to listen on (default 5672; 0 = ephemeral)")
     p.add_argument("--user", action="append", metavar="NAME:PASSWORD",
                    help="a user allowed to connect (repeatable; default guest:guest)")
+    tls = p.add_argument_group("TLS (amqps) listener, beside the plain one")
+    tls.add_argument("--tls-port", type=int, default=None, metavar="PORT",
+                     help="port of the TLS listener (none by default; 5671 is usual; 0 = ephemeral)")
+    tls.add_argument("--tls-cert", default=None, metavar="FILE",
+                     help="server certificate (chain) PEM file; required with --tls-port")
+    tls.add_argument("--tls-key", default=None, metavar="FILE",
+                     help="server private key PEM file (unencrypted); required with --tls-port")
+    tls.add_argument("--tls-ca", default=None, metavar="FILE",
+                     help="CA certificates (PEM) that client certificates are verified against")
+    tls.add_argument("--tls-verify-peer", action="store_true", default=None,
+                     help="refuse TLS clients without a certificate signed by --tls-ca")
     p.add_argument("--data-dir", default=None,
                    help="directory for durable state (persistence is not implemented yet)")
     p.add_argument("--config", default=None, help="TOML file with [broker] settings and [users]")
@@ -35,7 +46,9 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
             if not sep or not name:
                 raise SystemExit(f"--user expects NAME:PASSWORD, got {spec.split(':')[0]!r}:***")
             users[name] = password
-    overrides = {"host": args.host, "port": args.port, "users": users, "data_dir": args.data_dir}
+    overrides = {"host": args.host, "port": args.port, "users": users, "data_dir": args.data_dir,
+                 "tls_port": args.tls_port, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+                 "tls_ca": args.tls_ca, "tls_verify_peer": args.tls_verify_peer}
     if args.config:
         return BrokerConfig.from_toml(args.config, **overrides)
     values = {k: v for k, v in overrides.items() if v is not None}
@@ -54,13 +67,20 @@ def main(argv=None) -> int:
     if config.data_dir:
         print("error: --data-dir: persistence is not implemented yet; run without it", file=sys.stderr)
         return 2
-    server = Server(config)
+    try:
+        server = Server(config)          # loads the TLS certificate and key, if any
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(server.serve_forever())
     except KeyboardInterrupt:
         pass
     except OSError as exc:
-        print(f"error: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        where = f"{config.host}:{config.port}"
+        if config.tls_port is not None:
+            where += f" and {config.host}:{config.tls_port} (TLS)"
+        print(f"error: cannot listen on {where}: {exc}", file=sys.stderr)
         return 1
     return 0
 

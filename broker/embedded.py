@@ -16,7 +16,13 @@ class Broker:
             b.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
 
     Keyword arguments are those of `BrokerConfig` (users, heartbeat, frame_max, channel_max,
-    max_message_size, max_connections, memory_high_watermark, ...).
+    max_message_size, max_connections, memory_high_watermark, ...), and for a TLS listener beside the
+    plain one: tls_port (0 = ephemeral), tls_cert, tls_key (PEM paths), tls_ca and tls_verify_peer:
+
+        with Broker(port=0, tls_port=0, tls_cert="server.pem", tls_key="server.key") as b:
+            b.tls_url   # amqps://guest:guest@localhost:<tls_port>/%2F
+
+    Both listeners share one broker (the same queues, users and connection limit); `stop()` closes both.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **options):
@@ -41,6 +47,31 @@ class Broker:
     def url(self) -> str:
         user, password = next(iter(self.config.users.items()))
         return f"amqp://{user}:{password}@{self.host}:{self.port}/%2F"
+
+    @property
+    def tls_port(self) -> int | None:
+        """The TLS listener's port (the actual one when tls_port=0 was asked for); None without TLS."""
+        if self._server is None:
+            raise RuntimeError("the broker is not started")
+        return self._server.tls_port
+
+    @property
+    def tls_url(self) -> str:
+        """amqps://guest:guest@localhost:<tls_port>/%2F (the first configured user).
+
+        The host is the name `localhost`, not 127.0.0.1, when the broker listens on a loopback or wildcard
+        address: clients check the server certificate against the host name in the URL, and a certificate
+        for "localhost" (the usual test certificate, e.g. trustme's `issue_cert("localhost", ...)`) then
+        matches. Listening on another address, the URL carries that address. Raises RuntimeError when the
+        broker has no TLS listener."""
+        port = self.tls_port
+        if port is None:
+            raise RuntimeError("the broker has no TLS listener: start it with tls_port (and tls_cert, tls_key)")
+        user, password = next(iter(self.config.users.items()))
+        host = "localhost" if self.host in _LOCAL_HOSTS else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"amqps://{user}:{password}@{host}:{port}/%2F"
 
     @property
     def core(self):
@@ -68,8 +99,8 @@ class Broker:
         loop = asyncio.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
-        self._server = Server(self.config)
         try:
+            self._server = Server(self.config)   # builds the TLS context: a bad certificate fails here
             loop.run_until_complete(self._server.start())
         except BaseException as exc:  # e.g. the port is taken
             self._error = exc
@@ -96,6 +127,9 @@ class Broker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::", ""}
 
 
 async def _call(fn, *args):

@@ -23,6 +23,10 @@ DEFAULT_MAX_MESSAGE_SIZE = 134217728
 # RabbitMQ's `handshake_timeout` (10 s) requires.
 HANDSHAKE_TIMEOUT = 10.0
 
+# A TLS client must complete the TLS handshake within this many seconds, as RabbitMQ's
+# `ssl_handshake_timeout` (5000 ms) requires; then HANDSHAKE_TIMEOUT applies to the AMQP handshake.
+TLS_HANDSHAKE_TIMEOUT = 5.0
+
 # Errata, "Heartbeats": a peer is dead after missing two heartbeat intervals; RabbitMQ closes the socket.
 HEARTBEAT_MISSES_ALLOWED = 2
 
