@@ -14,6 +14,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .client.tls import TLSOptions
 from .client.uri import parse_uri, redact
 
 
@@ -106,6 +107,20 @@ def _text(name, value):
     return str(value)
 
 
+def _pem_file(name, value):
+    """A PEM file, read now on the driver: its contents travel with the query, so executors need no copy."""
+    path = str(value).strip()
+    try:
+        with open(path, encoding="ascii") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(name, path, f"expected a readable PEM file ({getattr(exc, 'strerror', None) or exc})") \
+            from None
+    if "-----BEGIN" not in text:
+        raise OptionError(name, path, "expected a PEM file (-----BEGIN ...)")
+    return text
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -163,6 +178,23 @@ OPTIONS = (
            "partition, row), so consumers can drop duplicates after a retried task."),
     Option("ignoreUnknownColumns", "sink", False, _bool,
            "Sink: ignore columns that are not part of the row schema (default: they are an error)."),
+    Option("tls.caFile", "both", None, _pem_file,
+           "TLS (`amqps://`): PEM file of the CA(s) that signed the broker's certificate (default: the "
+           "system's CAs). Read on the driver; executors get its contents."),
+    Option("tls.certFile", "both", None, _pem_file,
+           "TLS: PEM file of the client certificate, for brokers that verify clients (and for EXTERNAL). "
+           "Read on the driver; executors get its contents."),
+    Option("tls.keyFile", "both", None, _pem_file,
+           "TLS: PEM file of the client certificate's private key (default: in tls.certFile). Read on the "
+           "driver; executors get its contents (never shown in plans or errors)."),
+    Option("tls.verify", "both", True, _bool,
+           "TLS: check the broker's certificate chain and host name (`false` only for tests)."),
+    Option("tls.serverName", "both", None, _shortstr,
+           "TLS: the host name to send (SNI) and to check the certificate against, when the URI's host "
+           "differs from the name in the broker's certificate."),
+    Option("authMechanism", "both", "PLAIN", _choice("plain", "amqplain", "external"),
+           "SASL mechanism: `PLAIN` (default), `AMQPLAIN`, or `EXTERNAL` (the broker takes the user from "
+           "the TLS client certificate)."),
     Option("heartbeat", "both", 60, _positive_int, "Heartbeat interval (seconds) asked of the broker."),
     Option("connectTimeout", "both", 10.0, _seconds, "Seconds to wait for a TCP connection and handshake."),
 )
@@ -208,11 +240,27 @@ class Options(dict):
         except KeyError:
             raise AttributeError(name) from None
 
-    def __repr__(self) -> str:  # never show the password (plans, logs, tracebacks)
-        return repr({k: redact(v) if k == "uri" and v else "***" if k == "password" and v else v
+    def __repr__(self) -> str:  # never show the password or key material (plans, logs, tracebacks)
+        return repr({k: redact(v) if k == "uri" and v else "***" if k in SECRET_KEYS and v else
+                     "<PEM>" if k.startswith("tls.") and k.endswith("File") and v else v
                      for k, v in self.items()})
 
     __str__ = __repr__
+
+
+SECRET_KEYS = ("password", "tls.keyFile")
+
+
+def connect_kwargs(options) -> dict:
+    """The keyword arguments of `Connection.open` that validated options give (driver and executors)."""
+    tls = None
+    if parse_uri(options["uri"]).tls:
+        tls = TLSOptions(ca=options.get("tls.caFile"), cert=options.get("tls.certFile"),
+                         key=options.get("tls.keyFile"), verify=options.get("tls.verify", True),
+                         server_name=options.get("tls.serverName"))
+    return {"heartbeat": int(options.get("heartbeat") or 60),
+            "connect_timeout": float(options.get("connectTimeout") or 10.0),
+            "tls": tls, "auth_mechanism": str(options.get("authMechanism") or "plain").upper()}
 
 
 def parse(options, role: str) -> Options:
@@ -234,6 +282,14 @@ def parse(options, role: str) -> Options:
         raise OptionError("uri", None, "required: the broker URI amqp://user:password@host:port/vhost")
     if out.get("username") is not None or out.get("password") is not None:
         out["uri"] = with_credentials(out["uri"], out.get("username"), out.get("password"))
+    given_tls = [o.name for o in OPTIONS if o.name.startswith("tls.") and out.get(o.name) is not None
+                 and o.name != "tls.verify"] + (["tls.verify"] if out.get("tls.verify") is False else [])
+    if given_tls and not parse_uri(out["uri"]).tls:
+        raise OptionError(given_tls[0], "…", "TLS options need an amqps:// uri (the broker's TLS port, "
+                          "usually 5671)")
+    if out.get("authMechanism") == "external" and not out.get("tls.certFile"):
+        raise OptionError("authMechanism", "EXTERNAL", "EXTERNAL authenticates with the TLS client "
+                          "certificate: set tls.certFile (and tls.keyFile) with an amqps:// uri")
     if role == "source":
         if not out.get("queue"):
             raise OptionError("queue", None, "required: the queue(s) to consume")

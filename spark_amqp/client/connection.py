@@ -8,8 +8,9 @@ cancels, and feeds per-channel queues of deliveries and confirms. Callers' threa
 lock, a frame sequence at a time) and wait on conditions with timeouts. When the connection dies (broker
 close, socket closed, missed heartbeats) every channel is failed at once, so every blocked call raises.
 
-Handshake (spec 2.2.4): protocol header -> Start / StartOk (PLAIN) -> Tune / TuneOk -> Open / OpenOk, done
-synchronously on the caller's thread before the reader thread starts.
+Handshake (spec 2.2.4): protocol header -> Start / StartOk (PLAIN, AMQPLAIN or EXTERNAL) -> Tune / TuneOk ->
+Open / OpenOk, done synchronously on the caller's thread before the reader thread starts. An amqps:// URI
+first does the TLS handshake (`tls.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -24,12 +26,13 @@ import time
 from pamqp import commands
 
 from .. import __version__
-from ..codec import frames, methods
-from .channel import Channel
+from ..codec import fields, frames, methods
 from ..codec.replies import ACCESS_REFUSED, FRAME_ERROR, REPLY_SUCCESS
+from .channel import Channel
 from .errors import (AMQPError, AuthenticationError, ConnectError, ConnectionClosedError, ConnectionLostError,
                      ProtocolError)
 from .events import Confirm, Delivery, EventParser, Returned
+from .tls import TLSOptions, wrap as tls_wrap
 from .uri import ConnectionParameters, parse_uri
 
 log = logging.getLogger("spark_amqp.client")
@@ -46,6 +49,24 @@ CLIENT_CAPABILITIES = {
     "connection.blocked": True,          # the broker tells us when it throttles publishers
     "authentication_failure_close": True,  # a bad password is a 403 close, not a bare socket close
 }
+
+
+AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
+
+
+def _auth_response(mechanism: str, params: ConnectionParameters) -> str | bytes:
+    """The SASL response of connection.start-ok (spec 1.4.2.2; RabbitMQ's AMQPLAIN and EXTERNAL)."""
+    if mechanism == "PLAIN":
+        return f"\0{params.username}\0{params.password}"
+    if mechanism == "AMQPLAIN":   # a field table without its length prefix (pamqp sends the text as UTF-8)
+        table = fields.table_from_items([("LOGIN", fields.enc_longstr(params.username)),
+                                         ("PASSWORD", fields.enc_longstr(params.password))])[4:]
+        try:
+            return table.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("AMQPLAIN cannot carry this user name or password (a length above 127 bytes); "
+                             "use PLAIN") from None
+    return ""                      # EXTERNAL: the identity is the client certificate
 
 
 class Connection:
@@ -71,23 +92,31 @@ class Connection:
         self._reader: threading.Thread | None = None
         self._last_send = self._last_recv = time.monotonic()
         self._poll = select.poll()
+        self._auth_mechanism = "PLAIN"
 
     # ----------------------------------------------------------------------------------------- open
 
     @classmethod
     def open(cls, uri: str, *, heartbeat: int | None = None, connect_timeout: float | None = None,
              frame_max: int | None = None, channel_max: int | None = None,
-             client_properties: dict | None = None, rpc_timeout: float = 30.0) -> "Connection":
-        """Connect, authenticate (PLAIN), tune and open the URI's vhost.
+             client_properties: dict | None = None, rpc_timeout: float = 30.0,
+             tls: TLSOptions | None = None, auth_mechanism: str = "PLAIN") -> "Connection":
+        """Connect (TLS for amqps://), authenticate, tune and open the URI's vhost.
 
         Keyword arguments left at None take the URI's query parameters (``heartbeat``,
         ``connection_timeout`` in ms, ``frame_max``, ``channel_max``), else the defaults: heartbeat 60 s
         (0 disables heartbeats), connect timeout 10 s, frame_max and channel_max as the broker proposes.
+        `tls`: CA, client certificate and checks for amqps:// (default: verify against the system's CAs).
+        `auth_mechanism`: PLAIN (default), AMQPLAIN, or EXTERNAL (the broker takes the user from the
+        client certificate).
         """
         params = parse_uri(uri)
-        if params.tls:
-            raise NotImplementedError(f"amqps:// (TLS) is not supported by this client yet: "
-                                      f"{params.redacted}")
+        if tls is not None and not params.tls:
+            raise ValueError(f"TLS options were given for {params.redacted}: use an amqps:// URI for TLS")
+        auth_mechanism = auth_mechanism.upper()
+        if auth_mechanism not in AUTH_MECHANISMS:
+            raise ValueError(f"unknown authentication mechanism {auth_mechanism!r}; "
+                             f"expected one of {', '.join(AUTH_MECHANISMS)}")
         heartbeat = _first(heartbeat, params.heartbeat, DEFAULT_HEARTBEAT)
         connect_timeout = _first(connect_timeout, params.connect_timeout, DEFAULT_CONNECT_TIMEOUT)
         frame_max = _first(frame_max, params.frame_max, 0)
@@ -101,7 +130,15 @@ class Connection:
             raise ConnectError(f"cannot connect to {params.host}:{params.port} ({params.redacted}): "
                                f"{exc.strerror or exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if params.tls:
+            try:
+                sock = tls_wrap(sock, tls or TLSOptions(), params.host, params.redacted,
+                                deadline - time.monotonic())
+            except BaseException:
+                _close_quietly(sock)
+                raise
         conn = cls(sock, params, rpc_timeout=rpc_timeout)
+        conn._auth_mechanism = auth_mechanism
         try:
             conn._handshake(params, heartbeat, frame_max, channel_max, client_properties, deadline)
         except OSError as exc:  # a send failed or timed out mid-handshake
@@ -142,8 +179,19 @@ class Connection:
                 except socket.timeout:
                     raise ConnectError(f"{self.uri} did not complete {phase} in time (connect timeout)") \
                         from None
+                except ssl.SSLError as exc:
+                    if "CERTIFICATE_REQUIRED" in str(exc).upper():
+                        raise ConnectError(f"TLS: {self.uri} requires a client certificate; set tls.certFile "
+                                           "and tls.keyFile") from None
+                    raise ConnectError(f"TLS connection to {self.uri} failed during {phase}: {exc}") from None
                 except OSError as exc:
                     raise ConnectError(f"connection to {self.uri} failed during {phase}: {exc}") from None
+                if not data and phase == "connection.start" and isinstance(self._sock, ssl.SSLSocket):
+                    # TLS 1.3 lets the client finish its handshake before the server has judged its
+                    # certificate; a refusal then shows as the connection closing before AMQP starts.
+                    raise ConnectError(f"{self.uri} closed the TLS connection before AMQP started: it "
+                                       "probably requires a client certificate (set tls.certFile and "
+                                       "tls.keyFile) or refused the one given")
                 if not data:
                     if phase == "authentication":
                         # Brokers without authentication_failure_close just drop the socket (spec 2.2.4:
@@ -165,8 +213,12 @@ class Connection:
         start = expect(commands.Connection.Start)
         self.server_properties = start.server_properties or {}
         mechanisms = _text(start.mechanisms).split()
-        if "PLAIN" not in mechanisms:
-            raise ConnectError(f"{self.uri} does not offer PLAIN authentication (offers {mechanisms})")
+        mechanism = self._auth_mechanism
+        if mechanism not in mechanisms:
+            hint = (" (EXTERNAL needs the broker's certificate authentication, e.g. RabbitMQ's "
+                    "rabbitmq_auth_mechanism_ssl plugin)" if mechanism == "EXTERNAL" else "")
+            raise ConnectError(f"{self.uri} does not offer {mechanism} authentication (offers "
+                               f"{' '.join(mechanisms)}){hint}")
         properties = {
             "product": "spark-amqp", "version": __version__,
             "platform": f"Python {sys.version.split()[0]}",
@@ -176,13 +228,13 @@ class Connection:
         properties["capabilities"] = {**CLIENT_CAPABILITIES, **(properties.get("capabilities") or {})}
         phase = "authentication"
         start_ok = methods.unchecked(commands.Connection.StartOk, client_properties=properties,
-                                mechanism="PLAIN", locale="en_US",
-                                response=f"\0{params.username}\0{params.password}")
+                                     mechanism=mechanism, locale="en_US",
+                                     response=_auth_response(mechanism, params))
         self._sock.sendall(frames.method_frame(0, start_ok))
         del start_ok
         tune = expect(commands.Connection.Tune, commands.Connection.Secure)
         if isinstance(tune, commands.Connection.Secure):
-            raise ConnectError(f"{self.uri} asked for a SASL challenge, which PLAIN does not use")
+            raise ConnectError(f"{self.uri} asked for a SASL challenge, which {mechanism} does not use")
         phase = "connection.tune"
         self.channel_max = _negotiate(channel_max, tune.channel_max) or 65535
         self.frame_max = _negotiate(frame_max, tune.frame_max) or 131072
@@ -301,6 +353,15 @@ class Connection:
         if not self._wlock.acquire(blocking=False):
             return
         try:
+            if isinstance(self._sock, ssl.SSLSocket):
+                # No MSG_DONTWAIT on a TLS socket (a record must be written whole): send only when the
+                # socket can take it now, which an 8-byte frame's record then does without blocking.
+                writable = select.poll()
+                writable.register(self._sock, select.POLLOUT)
+                if writable.poll(0):
+                    self._sock.sendall(frames.HEARTBEAT_FRAME)
+                    self._last_send = time.monotonic()
+                return
             sent = self._sock.send(frames.HEARTBEAT_FRAME, socket.MSG_DONTWAIT)
             if 0 < sent < len(frames.HEARTBEAT_FRAME):
                 self._sock.sendall(frames.HEARTBEAT_FRAME[sent:])  # never leave half a frame
@@ -317,11 +378,10 @@ class Connection:
             while self._error is None:
                 ready = self._poll.poll(self._tick() * 1000)
                 if ready:
-                    data = self._sock.recv(RECV_SIZE)
-                    if not data:
-                        raise ConnectionLostError("the broker closed the TCP connection")
-                    self._last_recv = time.monotonic()
-                    self._dispatch(self._parser.feed(data))
+                    data = self._recv()
+                    if data is not None:
+                        self._last_recv = time.monotonic()
+                        self._dispatch(self._parser.feed(data))
                 if self.heartbeat:
                     self._heartbeat_check()
         except ConnectionClosedError as exc:
@@ -337,6 +397,23 @@ class Connection:
         finally:
             self._closed.set()
             _close_quietly(self._sock)
+
+    def _recv(self) -> bytes | None:
+        """What the socket has (None: nothing yet). With TLS, also what OpenSSL has already decrypted and
+        buffered, which poll() cannot see; a readable socket may hold only part of a TLS record."""
+        try:
+            data = self._sock.recv(RECV_SIZE)
+        except ssl.SSLWantReadError:
+            return None
+        if not data:
+            raise ConnectionLostError("the broker closed the TCP connection")
+        pending = getattr(self._sock, "pending", None)
+        if pending is not None:
+            parts = [data]
+            while pending():
+                parts.append(self._sock.recv(max(pending(), RECV_SIZE)))
+            data = b"".join(parts) if len(parts) > 1 else data
+        return data
 
     def _tick(self) -> float:
         if not self.heartbeat:

@@ -27,6 +27,7 @@ from typing import Iterable, Iterator
 
 from ..client import (AMQPError, AMQPTimeoutError, ChannelClosedError, Connection, ConnectionClosedError,
                       PublishNackedError, UnroutableError, redact)
+from ..options import connect_kwargs
 from .columns import ColumnPlan, RowError, encode_properties
 
 log = logging.getLogger("spark_amqp.sink")
@@ -99,9 +100,8 @@ class TaskPublisher:
         opts = self.options
         name = f"spark-amqp sink {self.identity.job} {self.identity.describe()}"
         try:
-            self._conn = Connection.open(self.uri, heartbeat=int(opts.get("heartbeat") or 60),
-                                         connect_timeout=float(opts.get("connectTimeout") or 10.0),
-                                         client_properties={"connection_name": name})
+            self._conn = Connection.open(self.uri, client_properties={"connection_name": name},
+                                         **connect_kwargs(opts))
             self._channel = self._conn.channel()
             self._channel.confirm_select(window=self.window)
         except AMQPError as exc:

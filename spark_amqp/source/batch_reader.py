@@ -12,6 +12,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ..client import Connection
+from ..options import connect_kwargs
 from . import arrow_rows
 from .consumer import PREFETCH_MAX, QueueConsumer
 
@@ -54,8 +55,7 @@ class QueueBatchReader(DataSourceReader):
         if not isinstance(partition, QueueSlice):
             return   # no queue had messages: PySpark plans one empty partition of its own
         o = self.options
-        conn = Connection.open(o["uri"], heartbeat=o.get("heartbeat", 60),
-                               connect_timeout=o.get("connectTimeout", 10.0))
+        conn = Connection.open(o["uri"], **connect_kwargs(o))
         try:
             ch = conn.channel()
             ch.basic_qos(min(partition.count, PREFETCH_MAX))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
                       ConsumerCancelledError)
 from ..client.uri import redact
+from ..options import connect_kwargs
 
 log = logging.getLogger("spark_amqp.source")
 
@@ -82,8 +83,7 @@ class QueueConsumer:
         SourceError with a message that names the problem and never the password."""
         uri = self.options["uri"]
         try:
-            self.conn = Connection.open(uri, heartbeat=self.options.get("heartbeat", 60),
-                                        connect_timeout=self.options.get("connectTimeout", 10.0))
+            self.conn = Connection.open(uri, **connect_kwargs(self.options))
         except AuthenticationError as exc:
             raise SourceError(f"the broker refused the credentials for {redact(uri)}: {exc}") from None
         except ConnectError as exc:

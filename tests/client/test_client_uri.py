@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from spark_amqp.client import Connection, ConnectionParameters, parse_uri, redact
+from spark_amqp.client import ConnectError, Connection, ConnectionParameters, parse_uri, redact
 
 SECRET = "pa55-w0rd-SECRET"
 
@@ -84,9 +84,9 @@ def test_parameters_never_show_the_password():
     assert SECRET not in repr(ConnectionParameters(password=SECRET))
 
 
-def test_amqps_is_not_implemented_yet(caplog):
+def test_amqps_to_a_port_without_tls_is_a_clear_error(caplog, amqp_broker):
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(NotImplementedError) as info:
-        Connection.open(f"amqps://u:{SECRET}@127.0.0.1:5671/")
-    assert "amqps" in str(info.value)
+    with pytest.raises(ConnectError) as info:
+        Connection.open(f"amqps://u:{SECRET}@127.0.0.1:{amqp_broker.port}/", connect_timeout=5)
+    assert "TLS" in str(info.value)
     assert SECRET not in str(info.value) and SECRET not in caplog.text
