@@ -43,8 +43,12 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         users = {}
         for spec in args.user:
             name, sep, password = spec.partition(":")
-            if not sep or not name:
-                raise SystemExit(f"--user expects NAME:PASSWORD, got {spec.split(':')[0]!r}:***")
+            # Never echo the value: without a ':' there is no telling where the name ends and the
+            # password begins (`bob=secret`), so none of it is shown.
+            if not sep:
+                raise ValueError("--user expects NAME:PASSWORD; got a value without ':' (not shown)")
+            if not name:
+                raise ValueError("--user expects NAME:PASSWORD; got an empty NAME (value not shown)")
             users[name] = password
     overrides = {"host": args.host, "port": args.port, "users": users, "data_dir": args.data_dir,
                  "tls_port": args.tls_port, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
