@@ -340,6 +340,10 @@ class Connection:
         if self.state is state.CLOSING:
             self.closed = True
             return
+        if not getattr(exc, "logged", False):
+            log.warning("closing AMQP connection %s (user '%s', vhost '%s'): %s (class %s, method %s)",
+                        self.peer, _shown(self.user or ""), _shown(self.vhost.name if self.vhost else ""),
+                        _shown(exc.text), exc.class_id, exc.method_id)
         self._release()
         self.send_method(0, C.Connection.Close(reply_code=exc.code, reply_text=exc.text,
                                                class_id=exc.class_id, method_id=exc.method_id))
@@ -366,18 +370,30 @@ class Connection:
         caps = self.client_properties.get("capabilities") or {}
         self.capabilities = caps if isinstance(caps, dict) else {}
         if m.mechanism not in ("PLAIN", "AMQPLAIN"):
+            log.warning("login refused on AMQP connection %s: unknown authentication mechanism '%s'",
+                        self.peer, _shown(m.mechanism))
             self.closed = True  # RabbitMQ closes the socket on an unknown mechanism, no frame
             return
         user, password = self._credentials(m.mechanism, m.response)
         if user is None or self.core.users.get(user) != password:
+            # As RabbitMQ logs it ("PLAIN login refused: user 'x' - invalid credentials"): the peer and
+            # the user, never the password.
+            if user is None:
+                log.warning("%s login refused on AMQP connection %s: malformed response (no user name)",
+                            _shown(m.mechanism), self.peer)
+            else:
+                log.warning("%s login refused on AMQP connection %s: user '%s' - invalid credentials",
+                            _shown(m.mechanism), self.peer, _shown(user))
             if not self.capabilities.get("authentication_failure_close"):
                 # Without the capability the spec's only signal is a closed socket (RabbitMQ does so).
                 self.closed = True
                 return
-            raise replies.connection_error(
+            exc = replies.connection_error(
                 replies.ACCESS_REFUSED,
                 f"Login was refused using authentication mechanism {m.mechanism}. "
                 "For details see the broker logfile.")
+            exc.logged = True
+            raise exc
         self.user = user
         self.state = state.AWAIT_TUNE_OK
         cfg = self.core.config
@@ -410,7 +426,7 @@ class Connection:
         # ends the connection; RabbitMQ closes the socket without a close frame at this stage.
         if not (limits.FRAME_MIN_SIZE <= m.frame_max <= cfg.frame_max
                 and 0 < m.channel_max <= cfg.channel_max):
-            log.info("closing %s: tune-ok frame_max=%s channel_max=%s outside the offer",
+            log.warning("closing AMQP connection %s: tune-ok frame_max=%s channel_max=%s outside the offer",
                      self.peer, m.frame_max, m.channel_max)
             self.closed = True
             return
@@ -423,13 +439,22 @@ class Connection:
     def _on_open(self, m) -> None:
         vhost = self.core.vhosts.get(m.virtual_host)
         if vhost is None:
-            raise replies.connection_error(replies.NOT_ALLOWED, f"vhost {m.virtual_host} not found")
+            log.warning("access to vhost '%s' refused for user '%s' on AMQP connection %s: no such vhost",
+                        _shown(m.virtual_host), _shown(self.user), self.peer)
+            exc = replies.connection_error(replies.NOT_ALLOWED, f"vhost {m.virtual_host} not found")
+            exc.logged = True
+            raise exc
         limit = self.core.config.max_connections
         if limit is not None and self.core.open_connections() >= limit:
-            raise replies.connection_error(
+            log.warning("access to vhost '%s' refused for user '%s' on AMQP connection %s: "
+                        "connection limit (%s) is reached", _shown(m.virtual_host), _shown(self.user),
+                        self.peer, limit)
+            exc = replies.connection_error(
                 replies.NOT_ALLOWED,
                 f"access to vhost '{m.virtual_host}' refused for user '{self.user}': "
                 f"connection limit ({limit}) is reached")
+            exc.logged = True
+            raise exc
         self.vhost = vhost
         self.state = state.OPEN
         self.send_method(0, C.Connection.OpenOk())
@@ -515,6 +540,13 @@ class Connection:
         self.closed = True
         self.state = state.CLOSED
         self.core.connection_closed(self)
+
+
+def _shown(value) -> str:
+    """A peer-supplied name fit for a log line: printable (escaped otherwise) and at most 100 characters."""
+    text = value if isinstance(value, str) else repr(value)
+    text = text[:100]
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _ids(method) -> tuple[int, int]:

@@ -10,10 +10,18 @@
 
 from __future__ import annotations
 
+import logging
+import socket
+import struct
 import subprocess
 import sys
+import time
 
 import pytest
+from pamqp import commands
+
+from spark_amqp_broker import Broker
+from helpers import PROTOCOL_HEADER, RawConnection, raw_handshake
 
 
 # ----------------------------------------------------------------------------- --user is not echoed
@@ -28,3 +36,123 @@ def test_malformed_user_value_is_not_echoed(tmp_path, value):
     assert proc.stderr.startswith("error: --user expects NAME:PASSWORD"), proc.stderr
     assert "SeCrEt" not in proc.stderr and "SeCrEt" not in proc.stdout
     assert "bob" not in proc.stderr
+
+
+# -------------------------------------------------------- refused logins and protocol errors logged
+
+PASSWORD = "Pa55-w0rd-XYZ"
+
+
+@pytest.fixture
+def logged_broker(caplog):
+    caplog.set_level(logging.INFO, logger="broker")
+    with Broker(port=0, users={"alice": PASSWORD}, vhosts=("/", "other")) as broker:
+        yield broker
+
+
+def _warnings(caplog, needle: str, timeout: float = 5.0) -> list[logging.LogRecord]:
+    """The broker's WARNING records containing `needle` (waiting for the broker thread to log them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in caplog.records if r.name.startswith("broker")
+                 and r.levelno == logging.WARNING and needle in r.getMessage()]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
+
+
+def _assert_no_secret(caplog, secret: str = PASSWORD) -> None:
+    for r in caplog.records:
+        assert secret not in r.getMessage(), r.getMessage()
+    assert secret not in caplog.text
+
+
+def _start_ok(port: int, mechanism: str, response, capabilities=True):
+    """Protocol header and start-ok; returns the RawConnection and its local address."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    rc = RawConnection(sock)
+    rc.send_bytes(PROTOCOL_HEADER)
+    _, start = rc.read_method()
+    assert isinstance(start, commands.Connection.Start)
+    props = {"product": "hostile-peer-test"}
+    if capabilities:
+        props["capabilities"] = {"authentication_failure_close": True}
+    rc.send(0, commands.Connection.StartOk(client_properties=props, mechanism=mechanism,
+                                           response=response, locale="en_US"))
+    return rc, "%s:%s" % sock.getsockname()[:2]
+
+
+@pytest.mark.parametrize("user, password, capabilities", [
+    ("alice", "wrong-" + PASSWORD, True),
+    ("mallory", PASSWORD, True),
+    ("alice", "wrong-" + PASSWORD, False),
+], ids=["wrong-password", "unknown-user", "no-auth-failure-close"])
+def test_refused_login_is_logged_without_password(logged_broker, caplog, user, password, capabilities):
+    rc, local = _start_ok(logged_broker.port, "PLAIN", f"\0{user}\0{password}", capabilities)
+    try:
+        frames = rc.wait_closed()
+    finally:
+        rc.close()
+    if capabilities:
+        assert [f.reply_code for f in frames if isinstance(f, commands.Connection.Close)] == [403]
+    found = _warnings(caplog, "refused")
+    assert len(found) == 1, caplog.text
+    msg = found[0].getMessage()
+    assert f"user '{user}'" in msg and local in msg and "PLAIN" in msg, msg
+    _assert_no_secret(caplog, password)
+
+
+def test_refused_amqplain_login_is_logged_without_password(logged_broker, caplog):
+    table = (b"\x05LOGINS" + struct.pack(">I", 5) + b"alice"
+             + b"\x08PASSWORDS" + struct.pack(">I", 9) + b"bad-" + PASSWORD[:5].encode())
+    rc, local = _start_ok(logged_broker.port, "AMQPLAIN", table.decode("latin-1"))
+    try:
+        rc.wait_closed()
+    finally:
+        rc.close()
+    msg = _warnings(caplog, "refused")[0].getMessage()
+    assert "user 'alice'" in msg and local in msg and "AMQPLAIN" in msg, msg
+    _assert_no_secret(caplog, "bad-" + PASSWORD[:5])
+
+
+def test_unknown_mechanism_is_logged(logged_broker, caplog):
+    rc, local = _start_ok(logged_broker.port, "CRAM-MD5", f"\0alice\0{PASSWORD}")
+    try:
+        rc.wait_closed()
+    finally:
+        rc.close()
+    msg = _warnings(caplog, "refused")[0].getMessage()
+    assert "CRAM-MD5" in msg and local in msg, msg
+    _assert_no_secret(caplog)
+
+
+def test_vhost_refused_is_logged(logged_broker, caplog):
+    url = f"amqp://alice:{PASSWORD}@127.0.0.1:{logged_broker.port}/nowhere"
+    rc, _ = raw_handshake(url, open_vhost=False)
+    local = "%s:%s" % rc.sock.getsockname()[:2]
+    try:
+        rc.send(0, commands.Connection.Open(virtual_host="nowhere"))
+        frames = rc.wait_closed()
+    finally:
+        rc.close()
+    assert [f.reply_code for f in frames if isinstance(f, commands.Connection.Close)] == [530]
+    found = _warnings(caplog, "refused")
+    assert len(found) == 1, caplog.text
+    msg = found[0].getMessage()
+    assert "vhost 'nowhere'" in msg and "user 'alice'" in msg and local in msg, msg
+    _assert_no_secret(caplog)
+
+
+def test_protocol_error_close_is_logged(logged_broker, caplog):
+    url = f"amqp://alice:{PASSWORD}@127.0.0.1:{logged_broker.port}/%2F"
+    rc, _ = raw_handshake(url)
+    local = "%s:%s" % rc.sock.getsockname()[:2]
+    try:
+        rc.send_bytes(struct.pack(">BHI", 9, 0, 0) + b"\xce")     # unknown frame type: 501
+        frames = rc.wait_closed(timeout=10)
+    finally:
+        rc.close()
+    assert [f.reply_code for f in frames if isinstance(f, commands.Connection.Close)] == [501]
+    msg = _warnings(caplog, "FRAME_ERROR")[0].getMessage()
+    assert local in msg and "user 'alice'" in msg, msg
+    _assert_no_secret(caplog)
