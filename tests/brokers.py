@@ -72,3 +72,85 @@ def cut_connections(broker: Any, *, embedded: Callable[[Any], bool],
         return len(victims)
 
     return broker.call(abort, broker.core)
+
+
+# ------------------------------------------------------------------------- a RabbitMQ node with TLS
+
+
+class RabbitTLSNode:
+    """A second RabbitMQ node with a TLS listener, for the TLS tests against the reference broker.
+
+    The machine's default node (rabbit@localhost, port 5672) is left alone: this one has its own node name,
+    ports, config, data and log directories under `workdir`, a certificate for localhost/127.0.0.1 from a
+    throw-away CA (trustme), and no plugins. Starting it takes a few seconds; `stop()` stops it.
+    """
+
+    def __init__(self):
+        import os
+        import shutil
+        import tempfile
+
+        import trustme
+
+        # Not under pytest's tmp_path: its parents are private to this user, and rabbitmq-server started as
+        # root runs as the rabbitmq user.
+        self.dir = tempfile.mkdtemp(prefix="spark-amqp-rabbitmq-tls-")
+        os.chmod(self.dir, 0o755)
+        self.node = f"sparkamqp-tls-{os.getpid()}@localhost"
+        self.tls_port, self.tcp_port, self.dist_port = free_port(), free_port(), free_port()
+        ca = trustme.CA()
+        cert = ca.issue_cert("localhost", "127.0.0.1")
+        self.ca_file = f"{self.dir}/ca.pem"
+        ca.cert_pem.write_to_path(self.ca_file)
+        with open(f"{self.dir}/server.pem", "wb") as fh:
+            for pem in cert.cert_chain_pems:
+                fh.write(pem.bytes())
+        cert.private_key_pem.write_to_path(f"{self.dir}/server.key")
+        with open(f"{self.dir}/rabbitmq.conf", "w") as fh:
+            fh.write(f"listeners.tcp.default = 127.0.0.1:{self.tcp_port}\n"
+                     f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
+                     f"ssl_options.cacertfile = {self.dir}/ca.pem\n"
+                     f"ssl_options.certfile = {self.dir}/server.pem\n"
+                     f"ssl_options.keyfile = {self.dir}/server.key\n"
+                     "ssl_options.verify = verify_none\n"
+                     "ssl_options.fail_if_no_peer_cert = false\n")
+        with open(f"{self.dir}/enabled_plugins", "w") as fh:
+            fh.write("[].\n")
+        for sub in ("mnesia", "log"):
+            os.makedirs(f"{self.dir}/{sub}", exist_ok=True)
+        if os.geteuid() == 0 and shutil.which("chown"):
+            # rabbitmq-server drops to the rabbitmq user when started as root: let it read and write here
+            subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", self.dir], check=False, timeout=30)
+        self.env = {**os.environ, "RABBITMQ_NODENAME": self.node, "RABBITMQ_NODE_PORT": str(self.tcp_port),
+                    "RABBITMQ_DIST_PORT": str(self.dist_port),
+                    "RABBITMQ_CONFIG_FILE": f"{self.dir}/rabbitmq",
+                    "RABBITMQ_MNESIA_BASE": f"{self.dir}/mnesia", "RABBITMQ_LOG_BASE": f"{self.dir}/log",
+                    "RABBITMQ_ENABLED_PLUGINS_FILE": f"{self.dir}/enabled_plugins",
+                    "RABBITMQ_PID_FILE": f"{self.dir}/pid"}
+
+    @property
+    def url(self) -> str:
+        return f"amqps://guest:guest@localhost:{self.tls_port}/%2F"
+
+    def start(self, timeout: float = 90.0) -> "RabbitTLSNode":
+        import time
+
+        subprocess.run(["rabbitmq-server", "-detached"], env=self.env, capture_output=True, timeout=60,
+                       check=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.tls_port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"the RabbitMQ TLS node {self.node} did not listen on {self.tls_port} within "
+                           f"{timeout:.0f} s (logs in {self.dir}/log)")
+
+    def stop(self) -> None:
+        import shutil
+
+        subprocess.run(["rabbitmqctl", "-n", self.node, "stop"], env=self.env, capture_output=True,
+                       timeout=60, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)

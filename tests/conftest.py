@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import uuid
 
 import pytest
@@ -48,6 +49,32 @@ def rabbitmq_url() -> str:
     """The reference RabbitMQ broker's URL (skips, or fails under CI, when it is down)."""
     require_rabbitmq()
     return RABBITMQ_URL
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_tls():
+    """A second RabbitMQ node with a TLS listener (brokers.RabbitTLSNode), started once for the session and
+    stopped after it; skips (fails under CI) when RabbitMQ cannot be started here."""
+    import shutil
+
+    from brokers import RabbitTLSNode
+
+    pytest.importorskip("trustme")
+    reason = None
+    if shutil.which("rabbitmq-server") is None:
+        reason = "rabbitmq-server is not installed (needed for a second RabbitMQ node with TLS)"
+    else:
+        node = RabbitTLSNode()
+        try:
+            node.start()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            reason = f"could not start a RabbitMQ node with TLS: {exc}"
+    if reason:
+        if REQUIRE_RABBITMQ:
+            pytest.fail(reason + "; SPARK_AMQP_REQUIRE_RABBITMQ=1 forbids skipping")
+        pytest.skip(reason)
+    yield node
+    node.stop()
 
 
 @pytest.fixture(params=["embedded", "rabbitmq"])

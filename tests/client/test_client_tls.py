@@ -124,3 +124,17 @@ def test_external_needs_a_broker_that_offers_it(amqp_broker):
     with pytest.raises(ConnectError) as err:
         Connection.open(amqp_broker.url, auth_mechanism="EXTERNAL")
     assert "does not offer EXTERNAL" in str(err.value)
+
+
+def test_against_rabbitmq_over_tls(rabbitmq_tls):
+    """The same client against the reference broker's TLS listener (a second RabbitMQ node)."""
+    with Connection.open(rabbitmq_tls.url, tls=TLSOptions(ca=rabbitmq_tls.ca_file), heartbeat=2) as conn:
+        assert round_trip(conn) == b"over tls" * 1000
+        assert conn.server_properties.get("product") in ("RabbitMQ", b"RabbitMQ")
+    with pytest.raises(ConnectError) as err:
+        Connection.open(rabbitmq_tls.url)   # the system's CAs do not know the test CA
+    assert "tls.caFile" in str(err.value)
+    host_url = rabbitmq_tls.url.replace("localhost", "127.0.0.1")
+    with pytest.raises(ConnectError) as err:
+        Connection.open(host_url, tls=TLSOptions(ca=rabbitmq_tls.ca_file, server_name="elsewhere.example"))
+    assert "tls.serverName" in str(err.value)

@@ -13,19 +13,30 @@ from spark_amqp.client.tls import TLSOptions
 pytest.importorskip("trustme")
 
 
-def test_stream_read_and_write_over_tls(spark, amqps_broker, amqps_url, amqps_ca_file, tmp_path):
+@pytest.fixture(params=["embedded", "rabbitmq"])
+def tls_target(request):
+    """(amqps URL, CA file) of the embedded broker's TLS listener, or of a RabbitMQ node with TLS."""
+    if request.param == "rabbitmq":
+        node = request.getfixturevalue("rabbitmq_tls")
+        return node.url, node.ca_file
+    return request.getfixturevalue("amqps_url"), request.getfixturevalue("amqps_ca_file")
+
+
+def test_stream_read_and_write_over_tls(spark, tls_target, tmp_path, unique_name):
+    amqps_url, amqps_ca_file = tls_target
+    q_in, q_out = unique_name("tls-in"), unique_name("tls-out")
     with Connection.open(amqps_url, tls=TLSOptions(ca=amqps_ca_file)) as conn:
         ch = conn.channel()
-        ch.queue_declare("tls-in")
-        ch.queue_declare("tls-out")
+        ch.queue_declare(q_in, auto_delete=False, arguments={"x-expires": 600_000})
+        ch.queue_declare(q_out, auto_delete=False, arguments={"x-expires": 600_000})
         ch.confirm_select()
         for i in range(20):
-            ch.publish("", "tls-in", f"m{i}".encode())
+            ch.publish("", q_in, f"m{i}".encode())
         ch.wait_for_confirms(timeout=10)
 
     sink = Collector()
     query = (spark.readStream.format("amqp").option("uri", amqps_url).option("tls.caFile", amqps_ca_file)
-             .option("queue", "tls-in").load()
+             .option("queue", q_in).load()
              .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path, "read"))
              .trigger(availableNow=True).start())
     assert query.awaitTermination(90) and query.exception() is None
@@ -33,9 +44,9 @@ def test_stream_read_and_write_over_tls(spark, amqps_broker, amqps_url, amqps_ca
 
     (spark.createDataFrame([(f"r{i}",) for i in range(10)], "body string")
      .write.format("amqp").mode("append").option("uri", amqps_url).option("tls.caFile", amqps_ca_file)
-     .option("routingKey", "tls-out").save())
+     .option("routingKey", q_out).save())
     with Connection.open(amqps_url, tls=TLSOptions(ca=amqps_ca_file)) as conn:
-        assert conn.channel().queue_declare("tls-out", passive=True).message_count == 10
+        assert conn.channel().queue_declare(q_out, passive=True).message_count == 10
 
 
 def test_an_untrusted_broker_certificate_fails_the_query_naming_the_option(spark, amqps_url, tmp_path):
