@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 from .config import BrokerConfig
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(server.serve_forever())
+        asyncio.run(_serve(server))
     except KeyboardInterrupt:
         pass
     except OSError as exc:
@@ -87,6 +88,19 @@ def main(argv=None) -> int:
         print(f"error: cannot listen on {where}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+async def _serve(server: Server) -> None:
+    """Serve until SIGTERM or SIGINT, then close every connection with 320 CONNECTION_FORCED (as RabbitMQ
+    does on shutdown) and return (exit status 0)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    await stop.wait()
+    logging.getLogger("broker.server").info("signal received: shutting down")
+    await server.shutdown()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from .channel import Channel
 
 log = logging.getLogger("broker.connection")
 
+SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"   # RabbitMQ's, code 320
+
 SERVER_CAPABILITIES = {
     "publisher_confirms": True, "exchange_exchange_bindings": True, "basic.nack": True,
     "consumer_cancel_notify": True, "connection.blocked": True, "consumer_priorities": False,
@@ -349,6 +351,19 @@ class Connection:
                                                class_id=exc.class_id, method_id=exc.method_id))
         self.state = state.CLOSING
         self.closing_since = self.core.now()
+
+    def force_close(self, text: str) -> None:
+        """The broker is going away: an open connection gets connection.close 320 CONNECTION_FORCED (the
+        client answers close-ok, or the CLOSING timeout ends it); one still in the handshake is closed."""
+        if self.closed or self.state is state.CLOSING:
+            return
+        if self.state in (state.AWAIT_OPEN, state.OPEN):
+            exc = replies.connection_error(replies.CONNECTION_FORCED, text)
+            exc.logged = True
+            self._connection_exception(exc)
+        else:
+            self.closed = True
+        self.core.dirty.add(self)
 
     # --- channel 0: the connection class -------------------------------------------------------
 

@@ -42,6 +42,14 @@ class BrokerCore:
         self.connections.discard(conn)
         self.dirty.discard(conn)
 
+    def shutdown(self, text: str) -> int:
+        """The broker is going away: queue connection.close 320 CONNECTION_FORCED with `text` on every
+        open connection (the I/O layer flushes them). Returns how many connections there were."""
+        conns = list(self.connections)
+        for conn in conns:
+            conn.force_close(text)
+        return len(conns)
+
     def open_connections(self) -> int:
         return sum(1 for c in self.connections if c.vhost is not None and not c.closed)
 

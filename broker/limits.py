@@ -45,3 +45,7 @@ DISPATCH_BURST = 2000
 # than this many messages, so a publisher with a small window of unconfirmed messages is not left waiting
 # on a full window (RabbitMQ likewise confirms in batches as its queue processes report).
 CONFIRM_DEFER_MAX = 128
+
+# On shutdown (SIGTERM), seconds the broker waits for clients to answer its connection.close 320
+# CONNECTION_FORCED with close-ok before it drops the remaining sockets.
+SHUTDOWN_GRACE = 2.0

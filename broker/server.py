@@ -18,7 +18,7 @@ import termios
 
 from . import limits
 from .config import BrokerConfig
-from .connection import Connection
+from .connection import SHUTDOWN_TEXT, Connection
 from .core import BrokerCore
 
 log = logging.getLogger("broker.server")
@@ -182,6 +182,21 @@ class Server:
                 conn.io.transport.abort()
         for server in servers:
             await server.wait_closed()
+
+    async def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> None:
+        """Stop listening, send connection.close 320 CONNECTION_FORCED (RabbitMQ's "broker forced
+        connection closure with reason 'shutdown'") to every connection, give the clients up to `grace`
+        seconds to answer close-ok and go, then drop whatever is left (`stop`)."""
+        for server in self._servers():
+            server.close()
+        count = self.core.shutdown(SHUTDOWN_TEXT)
+        if count:
+            log.info("shutting down: closing %d connection(s) with 320 CONNECTION_FORCED", count)
+        self.after_input()
+        deadline = self.loop.time() + grace
+        while self.core.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await self.stop()
 
     async def serve_forever(self) -> None:
         await self.start()

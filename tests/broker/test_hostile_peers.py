@@ -11,17 +11,23 @@
 from __future__ import annotations
 
 import logging
+import queue
+import re
+import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
+import pika
+import pika.exceptions
 import pytest
 from pamqp import commands
 
 from spark_amqp_broker import Broker
-from helpers import PROTOCOL_HEADER, RawConnection, raw_handshake
+from helpers import PROTOCOL_HEADER, RawConnection, pika_connect, raw_handshake
 
 
 # ----------------------------------------------------------------------------- --user is not echoed
@@ -156,3 +162,62 @@ def test_protocol_error_close_is_logged(logged_broker, caplog):
     msg = _warnings(caplog, "FRAME_ERROR")[0].getMessage()
     assert local in msg and "user 'alice'" in msg, msg
     _assert_no_secret(caplog)
+
+
+# ------------------------------------------------------------------ SIGTERM: 320 CONNECTION_FORCED
+
+
+def test_sigterm_closes_connections_with_connection_forced(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "spark_amqp_broker", "--port", "0"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)],
+                              daemon=True)
+    reader.start()
+    conns = []
+    try:
+        deadline = time.monotonic() + 20
+        port = None
+        while port is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, f"the broker exited early: {seen}"
+            seen.append(line)
+            m = re.search(r"broker listening on 127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+        url = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+        raw, _ = raw_handshake(url)
+        conns.append(raw)
+        polite, _ = raw_handshake(url)        # answers close-ok
+        conns.append(polite)
+        client = pika_connect(url)
+        client.channel().queue_declare("", exclusive=True)
+
+        proc.send_signal(signal.SIGTERM)
+
+        for rc in (raw, polite):
+            got = rc.read_method(timeout=10)
+            assert got is not None, "socket closed without connection.close"
+            channel, close = got
+            assert channel == 0 and isinstance(close, commands.Connection.Close), close
+            assert close.reply_code == 320
+            assert close.reply_text == "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+            assert (close.class_id, close.method_id) == (0, 0)
+        polite.send(0, commands.Connection.CloseOk())
+        polite.wait_closed(timeout=10)
+        raw.wait_closed(timeout=10)                 # no close-ok: dropped after the grace period
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                client.process_data_events(time_limit=0.1)
+        assert info.value.reply_code == 320
+        assert proc.wait(timeout=15) == 0
+    finally:
+        for rc in conns:
+            rc.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        reader.join(timeout=10)
+        proc.stderr.close()
