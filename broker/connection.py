@@ -10,16 +10,22 @@ a socket or a clock of its own.
 from __future__ import annotations
 
 import logging
+import struct
 
 from pamqp import commands as C
 from pamqp import decode as pamqp_decode
 
-from spark_amqp.codec import frames, methods, replies
+from spark_amqp.codec import fields, frames, methods, properties, replies
 
 from . import limits, state
 from .channel import Channel
 
 log = logging.getLogger("broker.connection")
+
+# What the codec raises on bytes that do not decode (a property list, a field table, a method's arguments
+# read lazily): malformed input, answered with 501 FRAME_ERROR, never 541 INTERNAL_ERROR.
+# (UnicodeDecodeError is a ValueError, as are PropertyError and FieldError.)
+DECODE_ERRORS = (properties.PropertyError, fields.FieldError, struct.error, IndexError, ValueError)
 
 SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"   # RabbitMQ's, code 320
 
@@ -146,6 +152,12 @@ class Connection:
                     break
         except replies.AMQPError as exc:
             self._connection_exception(exc)
+        except DECODE_ERRORS as exc:
+            # RabbitMQ 3.10 answers a malformed property list or field table with 541 INTERNAL_ERROR
+            # (its decoder crashes); it is the peer's bytes that are wrong, so: 501, as for a method
+            # whose arguments do not decode.
+            self._connection_exception(replies.connection_error(
+                replies.FRAME_ERROR, f"cannot decode the peer's frame: {exc}"))
         except Exception as exc:  # never let a peer crash the broker
             log.exception("internal error handling a frame from %s", self.peer)
             self._connection_exception(replies.connection_error(replies.INTERNAL_ERROR, str(exc)))
@@ -198,17 +210,23 @@ class Connection:
         if ftype == 1:  # method
             if channel:
                 ch = self.channels.get(channel)
-                if ch is not None and ch.pending is None:
+                if ch is not None and ch.pending is None and len(payload) >= 4:
                     index = methods.method_index(payload)
                     if index == methods.PUBLISH_ID:
-                        exchange, rk, mandatory, immediate = methods.decode_publish(payload)
+                        try:
+                            exchange, rk, mandatory, immediate = methods.decode_publish(payload)
+                        except replies.AMQPError as exc:
+                            raise _undecodable(exc, 60, 40) from None
                         try:
                             ch.start_publish(exchange, rk, mandatory, immediate)
                         except replies.AMQPError as exc:
                             self._exception_on(ch, exc)
                         return
                     if index == methods.ACK_ID:
-                        tag, multiple = methods.decode_ack(payload)
+                        try:
+                            tag, multiple = methods.decode_ack(payload)
+                        except replies.AMQPError as exc:
+                            raise _undecodable(exc, 60, 80) from None
                         try:
                             ch.settle(tag, multiple, "ack")
                         except replies.AMQPError as exc:
@@ -262,7 +280,10 @@ class Connection:
     def _method(self, channel: int, payload: bytes) -> None:
         if len(payload) < 4:
             raise replies.connection_error(replies.FRAME_ERROR, "method frame too short")
-        method = methods.unmarshal_method(payload)
+        try:
+            method = methods.unmarshal_method(payload)
+        except replies.AMQPError as exc:
+            raise _undecodable(exc, *divmod(methods.method_index(payload), 0x10000)) from None
         try:
             self._dispatch_method(channel, method)
         except replies.AMQPError as exc:
@@ -332,7 +353,7 @@ class Connection:
         ch.close()
         self.channels.pop(ch.number, None)
         self.closing_channels.add(ch.number)
-        self.send_method(ch.number, C.Channel.Close(reply_code=exc.code, reply_text=exc.text,
+        self.send_method(ch.number, C.Channel.Close(reply_code=exc.code, reply_text=_reply_text(exc.text),
                                                     class_id=exc.class_id, method_id=exc.method_id))
 
     def _connection_exception(self, exc: replies.AMQPError) -> None:
@@ -347,7 +368,7 @@ class Connection:
                         self.peer, _shown(self.user or ""), _shown(self.vhost.name if self.vhost else ""),
                         _shown(exc.text), exc.class_id, exc.method_id)
         self._release()
-        self.send_method(0, C.Connection.Close(reply_code=exc.code, reply_text=exc.text,
+        self.send_method(0, C.Connection.Close(reply_code=exc.code, reply_text=_reply_text(exc.text),
                                                class_id=exc.class_id, method_id=exc.method_id))
         self.state = state.CLOSING
         self.closing_since = self.core.now()
@@ -555,6 +576,24 @@ class Connection:
         self.closed = True
         self.state = state.CLOSED
         self.core.connection_closed(self)
+
+
+def _undecodable(exc: replies.AMQPError, class_id: int, method_id: int) -> replies.AMQPError:
+    """Arguments that do not decode (cut short, a field table that runs past its end): RabbitMQ 3.10
+    answers 501 FRAME_ERROR "cannot decode <<...>>" naming the method; the codec says 502 SYNTAX_ERROR.
+    Names that are not UTF-8 stay 502 (RabbitMQ does not check them)."""
+    if exc.code != replies.SYNTAX_ERROR or "UTF-8" in exc.text:
+        return exc
+    text = exc.text.split(" - ", 1)[-1]
+    return replies.AMQPError(replies.FRAME_ERROR, f"cannot decode the method's arguments ({text})",
+                             hard=True, class_id=class_id, method_id=method_id)
+
+
+def _reply_text(text: str) -> str:
+    """A reply text cut to 255 bytes (a shortstr), not 255 characters: names quoted from the peer may be
+    non-ASCII (AMQPError cuts at 255 characters)."""
+    raw = text.encode("utf-8")
+    return text if len(raw) <= 255 else raw[:255].decode("utf-8", "ignore")
 
 
 def _shown(value) -> str:

@@ -7,7 +7,7 @@ de-duplication is the virtual host's job (`VirtualHost.route`).
 
 from __future__ import annotations
 
-from spark_amqp.codec import fields
+from spark_amqp.codec import fields, replies
 
 
 class Exchange:
@@ -152,6 +152,10 @@ class HeadersExchange(Exchange):
     """
     type_name = "headers"
 
+    def bind(self, dest, routing_key: str, arguments: dict) -> None:
+        _check_x_match(arguments)
+        super().bind(dest, routing_key, arguments)
+
     def route(self, routing_key, message):
         headers = _message_headers(message)
         out = []
@@ -165,6 +169,29 @@ def _message_headers(message) -> dict:
     props = message.read_properties()
     raw = props.get("headers_raw")
     return fields.decode_table(raw) if raw else {}
+
+
+_X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+def _check_x_match(arguments: dict) -> None:
+    """RabbitMQ 3.10 refuses a headers binding whose x-match is not one of the four strings (measured):
+    406 "Invalid x-match field type bool (value true); expected longstr" or "Invalid x-match field value
+    <<"bogus">>; expected all, any, all-with-x, or any-with-x"."""
+    if "x-match" not in arguments:
+        return
+    mode = arguments["x-match"]
+    if not isinstance(mode, str):
+        kind = {bool: "bool", int: "long", float: "double", bytes: "binary", dict: "table",
+                list: "array"}.get(type(mode), type(mode).__name__)
+        shown = str(mode).lower() if isinstance(mode, bool) else str(mode)[:60]
+        raise replies.channel_error(
+            replies.PRECONDITION_FAILED,
+            f"Invalid x-match field type {kind} (value {shown}); expected longstr")
+    if mode not in _X_MATCH_MODES:
+        raise replies.channel_error(
+            replies.PRECONDITION_FAILED,
+            f'Invalid x-match field value <<"{mode[:60]}">>; expected all, any, all-with-x, or any-with-x')
 
 
 def headers_match(args: dict, headers: dict) -> bool:

@@ -85,7 +85,7 @@ def _start_ok(port: int, mechanism: str, response, capabilities=True):
         props["capabilities"] = {"authentication_failure_close": True}
     rc.send(0, commands.Connection.StartOk(client_properties=props, mechanism=mechanism,
                                            response=response, locale="en_US"))
-    return rc, "%s:%s" % sock.getsockname()[:2]
+    return rc, "{}:{}".format(*sock.getsockname()[:2])
 
 
 @pytest.mark.parametrize("user, password, capabilities", [
@@ -135,7 +135,7 @@ def test_unknown_mechanism_is_logged(logged_broker, caplog):
 def test_vhost_refused_is_logged(logged_broker, caplog):
     url = f"amqp://alice:{PASSWORD}@127.0.0.1:{logged_broker.port}/nowhere"
     rc, _ = raw_handshake(url, open_vhost=False)
-    local = "%s:%s" % rc.sock.getsockname()[:2]
+    local = "{}:{}".format(*rc.sock.getsockname()[:2])
     try:
         rc.send(0, commands.Connection.Open(virtual_host="nowhere"))
         frames = rc.wait_closed()
@@ -152,7 +152,7 @@ def test_vhost_refused_is_logged(logged_broker, caplog):
 def test_protocol_error_close_is_logged(logged_broker, caplog):
     url = f"amqp://alice:{PASSWORD}@127.0.0.1:{logged_broker.port}/%2F"
     rc, _ = raw_handshake(url)
-    local = "%s:%s" % rc.sock.getsockname()[:2]
+    local = "{}:{}".format(*rc.sock.getsockname()[:2])
     try:
         rc.send_bytes(struct.pack(">BHI", 9, 0, 0) + b"\xce")     # unknown frame type: 501
         frames = rc.wait_closed(timeout=10)
