@@ -591,7 +591,7 @@ def _undecodable(exc: replies.AMQPError, class_id: int, method_id: int) -> repli
 
 def _reply_text(text: str) -> str:
     """A reply text cut to 255 bytes (a shortstr), not 255 characters: names quoted from the peer may be
-    non-ASCII (AMQPError cuts at 255 characters)."""
+    non-ASCII (for texts that do not come through replies.AMQPError, which cuts the same way)."""
     raw = text.encode("utf-8")
     return text if len(raw) <= 255 else raw[:255].decode("utf-8", "ignore")
 

@@ -47,7 +47,8 @@ class AMQPError(Exception):
     def __init__(self, code: int, text: str, *, hard: bool, class_id: int = 0, method_id: int = 0):
         super().__init__(f"{REPLY_NAMES.get(code, code)} - {text}")
         self.code = code
-        self.text = f"{REPLY_NAMES.get(code, code)} - {text}"[:255]
+        # a reply text is a shortstr: at most 255 bytes (not characters; names quoted may be non-ASCII)
+        self.text = f"{REPLY_NAMES.get(code, code)} - {text}".encode()[:255].decode("utf-8", "ignore")
         self.hard = hard
         self.class_id = class_id
         self.method_id = method_id
