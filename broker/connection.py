@@ -353,7 +353,7 @@ class Connection:
         ch.close()
         self.channels.pop(ch.number, None)
         self.closing_channels.add(ch.number)
-        self.send_method(ch.number, C.Channel.Close(reply_code=exc.code, reply_text=_reply_text(exc.text),
+        self.send_method(ch.number, C.Channel.Close(reply_code=exc.code, reply_text=exc.text,
                                                     class_id=exc.class_id, method_id=exc.method_id))
 
     def _connection_exception(self, exc: replies.AMQPError) -> None:
@@ -368,7 +368,7 @@ class Connection:
                         self.peer, _shown(self.user or ""), _shown(self.vhost.name if self.vhost else ""),
                         _shown(exc.text), exc.class_id, exc.method_id)
         self._release()
-        self.send_method(0, C.Connection.Close(reply_code=exc.code, reply_text=_reply_text(exc.text),
+        self.send_method(0, C.Connection.Close(reply_code=exc.code, reply_text=exc.text,
                                                class_id=exc.class_id, method_id=exc.method_id))
         self.state = state.CLOSING
         self.closing_since = self.core.now()
@@ -587,15 +587,6 @@ def _undecodable(exc: replies.AMQPError, class_id: int, method_id: int) -> repli
     text = exc.text.split(" - ", 1)[-1]
     return replies.AMQPError(replies.FRAME_ERROR, f"cannot decode the method's arguments ({text})",
                              hard=True, class_id=class_id, method_id=method_id)
-
-
-def _reply_text(text: str) -> str:
-    """A reply text cut to 255 bytes (a shortstr), not 255 characters: names quoted from the peer may be
-    non-ASCII (for texts that do not come through replies.AMQPError, which cuts the same way)."""
-    raw = text.encode("utf-8")
-    return text if len(raw) <= 255 else raw[:255].decode("utf-8", "ignore")
-
-
 def _shown(value) -> str:
     """A peer-supplied name fit for a log line: printable (escaped otherwise) and at most 100 characters."""
     text = value if isinstance(value, str) else repr(value)

@@ -46,25 +46,32 @@ class _TlsFiles:
     key_file: str       # the broker's private key (PEM)
 
 
+def write_tls_files(directory, ca=None) -> tuple:
+    """(CA, _TlsFiles): a CA (a new throw-away one unless given) and a server certificate it signs for
+    "localhost" and "127.0.0.1", written as PEM files into `directory`. trustme makes them."""
+    import trustme
+
+    ca = ca or trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    d = str(directory)
+    files = _TlsFiles(ca_file=f"{d}/ca.pem", cert_file=f"{d}/server.pem", key_file=f"{d}/server.key")
+    ca.cert_pem.write_to_path(files.ca_file)
+    with open(files.cert_file, "wb") as fh:
+        for pem in server.cert_chain_pems:
+            fh.write(pem.bytes())
+    server.private_key_pem.write_to_path(files.key_file)
+    return ca, files
+
+
 @pytest.fixture(scope="session")
 def _amqps_tls_files(tmp_path_factory) -> _TlsFiles:
     """A throw-away CA and a server certificate signed by it, written once per session to a tmp dir."""
     try:
-        import trustme
+        import trustme  # noqa: F401
     except ImportError:
         pytest.fail("the amqps_* fixtures need trustme: pip install 'trustme>=1.1' "
                     "(or spark-amqp[test])", pytrace=False)
-    ca = trustme.CA()
-    server = ca.issue_cert("localhost", "127.0.0.1")
-    d = tmp_path_factory.mktemp("amqps")
-    files = _TlsFiles(ca_file=str(d / "ca.pem"), cert_file=str(d / "server.pem"),
-                      key_file=str(d / "server.key"))
-    ca.cert_pem.write_to_path(files.ca_file)
-    open(files.cert_file, "wb").close()
-    for pem in server.cert_chain_pems:
-        pem.write_to_path(files.cert_file, append=True)
-    server.private_key_pem.write_to_path(files.key_file)
-    return files
+    return write_tls_files(tmp_path_factory.mktemp("amqps"))[1]
 
 
 @pytest.fixture(scope="session")

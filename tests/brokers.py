@@ -90,7 +90,7 @@ class RabbitTLSNode:
         import shutil
         import tempfile
 
-        import trustme
+        from spark_amqp_broker.pytest_plugin import write_tls_files
 
         # Not under pytest's tmp_path: its parents are private to this user, and rabbitmq-server started as
         # root runs as the rabbitmq user.
@@ -98,14 +98,7 @@ class RabbitTLSNode:
         os.chmod(self.dir, 0o755)
         self.node = f"sparkamqp-tls-{os.getpid()}@localhost"
         self.tls_port, self.tcp_port, self.dist_port = free_port(), free_port(), free_port()
-        ca = trustme.CA()
-        cert = ca.issue_cert("localhost", "127.0.0.1")
-        self.ca_file = f"{self.dir}/ca.pem"
-        ca.cert_pem.write_to_path(self.ca_file)
-        with open(f"{self.dir}/server.pem", "wb") as fh:
-            for pem in cert.cert_chain_pems:
-                fh.write(pem.bytes())
-        cert.private_key_pem.write_to_path(f"{self.dir}/server.key")
+        self.ca_file = write_tls_files(self.dir)[1].ca_file     # ca.pem, server.pem, server.key
         with open(f"{self.dir}/rabbitmq.conf", "w") as fh:
             fh.write(f"listeners.tcp.default = 127.0.0.1:{self.tcp_port}\n"
                      f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"

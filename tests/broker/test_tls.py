@@ -26,6 +26,7 @@ import pytest
 
 from helpers import PROTOCOL_HEADER, pika_params, safe_close
 from spark_amqp_broker import Broker, BrokerConfig
+from spark_amqp_broker.pytest_plugin import write_tls_files
 
 trustme = pytest.importorskip("trustme")
 
@@ -49,15 +50,8 @@ class Pki:
 def make_pki(tmp_path, name: str = "pki") -> Pki:
     d = tmp_path / name
     d.mkdir()
-    ca = trustme.CA()
-    server = ca.issue_cert("localhost", "127.0.0.1")
-    pki = Pki(ca, str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"))
-    ca.cert_pem.write_to_path(pki.ca_file)
-    open(pki.cert_file, "wb").close()
-    for pem in server.cert_chain_pems:
-        pem.write_to_path(pki.cert_file, append=True)
-    server.private_key_pem.write_to_path(pki.key_file)
-    return pki
+    ca, files = write_tls_files(d)
+    return Pki(ca, files.ca_file, files.cert_file, files.key_file)
 
 
 def client_context(ca_file: str | None = None, *, client_cert=None, tls_max=None) -> ssl.SSLContext:
