@@ -128,6 +128,7 @@ class Option:
     default: Any
     check: Callable
     doc: str
+    pyspark: str = "4.0"   # the oldest PySpark the option works on (README, "PySpark versions")
 
 
 OPTIONS = (
@@ -160,7 +161,8 @@ OPTIONS = (
            "batches in flight never stall the stream. Above 65535 (basic.qos's limit) it is spread over "
            "several consuming channels on the queue."),
     Option("maxMessagesPerTrigger", "source", None, _positive_int,
-           "Source: most messages in one micro-batch (default: no limit beyond prefetch)."),
+           "Source: most messages in one micro-batch (default: no limit beyond prefetch). PySpark 4.2+ "
+           "applies it as a read limit; on 4.0 and 4.1 the source applies it itself."),
     Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),
            "Source: `classic` and `quorum` consume with acks; `stream` is not implemented yet."),
     Option("ack", "source", False, _bool,
@@ -199,6 +201,17 @@ OPTIONS = (
     Option("connectTimeout", "both", 10.0, _seconds, "Seconds to wait for a TCP connection and handshake."),
 )
 BY_KEY = {o.name.lower(): o for o in OPTIONS}
+
+
+def markdown_table() -> str:
+    """The README's options table, made from OPTIONS (tests/test_readme.py keeps the README in step)."""
+    def shown(default):
+        if default is None:
+            return "—"
+        return f"`{str(default).lower() if isinstance(default, bool) else default}`"
+    lines = ["| option | applies to | default | PySpark | meaning |", "|---|---|---|---|---|"]
+    lines += [f"| `{o.name}` | {o.roles} | {shown(o.default)} | {o.pyspark}+ | {o.doc} |" for o in OPTIONS]
+    return "\n".join(lines)
 BY_KEY["url"] = BY_KEY["uri"]     # an alias that Spark's default redaction (`(?i)url`) hides in plans
 
 

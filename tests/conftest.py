@@ -118,7 +118,13 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("spark-amqp-tests")
+    from spark_amqp.source.stream_reader import ADMISSION_CONTROL
+
+    builder = SparkSession.builder
+    if not ADMISSION_CONTROL:
+        # PySpark 4.0 / 4.1: availableNow for a Python source only through Spark's wrapper (README).
+        builder = builder.config("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
+    session = (builder.master("local[2]").appName("spark-amqp-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")

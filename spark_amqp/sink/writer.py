@@ -39,8 +39,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
-from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter, DataSourceStreamWriter,
-                                    DataSourceWriter, WriterCommitMessage)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+
+try:   # PySpark >= 4.1: streaming writes in Arrow batches
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:   # PySpark 4.0: streaming writes get Rows (AMQPStreamWriter is the Row writer there)
+    DataSourceStreamArrowWriter = None
 
 from .columns import plan as plan_columns
 from .publisher import TaskIdentity, TaskPublisher, arrow_chunks, row_chunks
@@ -144,10 +148,11 @@ class AMQPWriter(_BatchBase, DataSourceArrowWriter):
     _arrow = True
 
 
-class AMQPStreamWriter(_StreamBase, DataSourceStreamArrowWriter):
-    """`df.writeStream.format("amqp")`: each micro-batch's partitions published with confirms."""
+if DataSourceStreamArrowWriter is not None:
+    class AMQPStreamWriter(_StreamBase, DataSourceStreamArrowWriter):
+        """`df.writeStream.format("amqp")`: each micro-batch's partitions published with confirms."""
 
-    _arrow = True
+        _arrow = True
 
 
 class AMQPRowWriter(_BatchBase, DataSourceWriter):
@@ -160,3 +165,7 @@ class AMQPRowStreamWriter(_StreamBase, DataSourceStreamWriter):
     """The same stream writer fed with Rows (kept for the benchmark comparison)."""
 
     _arrow = False
+
+
+if DataSourceStreamArrowWriter is None:
+    AMQPStreamWriter = AMQPRowStreamWriter

@@ -6,10 +6,18 @@ Where things run (measured on PySpark 4.3.0, DESIGN.md): `initialOffset`, `lates
 AMQP connection; `read` runs on executors with a copy of this object pickled at planning time, so it uses
 only its partition (the batch's rows as Arrow IPC bytes) and never a socket.
 
-Offsets are `{"seq": N}`: batch N's end. When to ack: `latestOffset(start)` is called on every trigger and
-only once the batch ending at `start` is in Spark's commit log, so everything up to `start` is acked there;
+Offsets are `{"seq": N}`: batch N's end; every batch covers exactly one planned `seq`. When to ack: on
+PySpark >= 4.2 (`QueueStreamReader`), `latestOffset(start, limit)` is called on every trigger and only once
+the batch ending at `start` is in Spark's commit log, so everything up to `start` is acked there;
 `commit(end)` is the same signal arriving again. Under `availableNow` the run ends with one empty batch (an
 "ack barrier") after the last data batch, so that the last data batch is acked within the run.
+
+PySpark 4.0 and 4.1 (`LegacyQueueStreamReader`) call `latestOffset()` with no start and no limit, and know
+no availableNow support or read limits (`pyspark.sql.streaming.datasource` arrived in 4.2). Under Spark's
+synchronous progress tracking (the default) the next `latestOffset()` comes only after the previous batch
+is in the commit log, so it acks every batch already handed to `partitions()`. Not knowing its start, that
+reader numbers batches by the wall clock in milliseconds (always above the last number it returned or
+saw), so that a batch number is never reused across restarts of the query.
 """
 
 from __future__ import annotations
@@ -18,7 +26,12 @@ import logging
 import time
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+try:   # PySpark >= 4.2: admission control (read limits) and availableNow for Python sources
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+    ADMISSION_CONTROL = True
+except ImportError:   # PySpark 4.0 / 4.1
+    ADMISSION_CONTROL = False
 
 from . import arrow_rows
 from .consumer import QueueConsumer
@@ -52,19 +65,20 @@ class ArrowPartition(InputPartition):
         self.data = data
 
 
-class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _QueueStreamReaderBase(DataSourceStreamReader):
+    """What both API generations share: the driver's consumer, the backlog, partitions, commit and stop."""
+
     def __init__(self, options):
         self.options = options
         self._consumer: QueueConsumer | None = None
-        self._available_now_left: int | None = None
-        self._barrier_done = False
         self._latest = 0       # the last batch planned
         self._idle = True      # the last latestOffset planned nothing new
         self._backlog_asked = 0.0
 
     def __getstate__(self):
-        return {"options": self.options, "_consumer": None, "_available_now_left": None,
-                "_barrier_done": False, "_latest": 0, "_idle": True, "_backlog_asked": 0.0}
+        """Executors get the options only: the consumer (a socket) stays on the driver."""
+        state = type(self)(self.options).__dict__
+        return dict(state)
 
     # --- driver ------------------------------------------------------------------------------------
 
@@ -82,34 +96,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._session()
         return {"seq": 0}
 
-    def getDefaultReadLimit(self):
-        """Driver. `maxMessagesPerTrigger` bounds each batch."""
-        n = self.options.get("maxMessagesPerTrigger")
-        return ReadMaxRows(n) if n else ReadAllAvailable()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        """Driver, once at the start of an availableNow run (before any batch is taken): count what is
-        there to drain. Counted before the consumers start, the count is exact: a count taken while the
-        broker is pushing deliveries misses those on the wire, and the run would end that many short."""
-        self._available_now_left = self._session().ready_count()
-        self._barrier_done = False
-        log.info("AMQP source: availableNow run will read %s messages", self._available_now_left)
-
-    def _batch_cap(self, limit) -> int:
+    def _batch_cap(self, max_rows: int | None) -> int:
         consumer = self._session()
         # Prefetch covers two batches: while batch N waits for its commit, N+1's deliveries arrive.
         cap = max(1, consumer.prefetch // 2)
-        if isinstance(limit, ReadMaxRows):
-            cap = min(cap, limit.max_rows)
+        if max_rows:
+            cap = min(cap, max_rows)
         return cap
-
-    def latestOffset(self, start: dict, limit) -> dict:
-        """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
-        has arrived; returns `start` when there is nothing new."""
-        end = self._latest_offset(start, limit)
-        self._idle = end == start
-        self._latest = max(self._latest, int(end["seq"]))
-        return end
 
     def reportLatestOffset(self) -> dict | None:
         """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
@@ -123,68 +116,22 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._backlog_asked = now
         return {"seq": self._latest, "queues": self._consumer.backlog(ask_broker=ask)}
 
-    def _latest_offset(self, start: dict, limit) -> dict:
+    def _batch_partitions(self, seq: int) -> list:
+        """Driver. Batch `seq` as Arrow partitions. A batch this process never planned was planned by a run
+        that stopped before its commit: it is taken again from what the broker redelivers."""
         consumer = self._session()
-        seq = int(start["seq"])
-        consumer.ack_through(seq)
-        if seq + 1 in consumer.batches:
-            # Asked again from the same start before that batch ran: the same batch, not a second one
-            # (a second would strand the first one's deliveries unacked until the connection closes).
-            return {"seq": seq + 1}
-        cap = self._batch_cap(limit)
-        if self._available_now_left is not None:
-            if self._available_now_left <= 0:
-                if not self._barrier_done:
-                    self._barrier_done = True
-                    consumer.take(seq + 1, 0)            # the empty "ack barrier" batch
-                    return {"seq": seq + 1}
-                return start
-            cap = min(cap, self._available_now_left)
-            batch = self._take_available_now(consumer, seq + 1, cap)
-        else:
-            batch = consumer.take(seq + 1, cap)
+        batch = consumer.batches.get(seq)
+        if batch is None:
+            batch = consumer.take(seq, self._batch_cap(self.options.get("maxMessagesPerTrigger")), REPLAY_WAIT)
+            self._replayed(batch.count)
         if not batch.count:
-            consumer.batches.pop(seq + 1, None)
-            if self._available_now_left is not None:   # drained: end with the barrier
-                self._available_now_left = 0
-                return self._latest_offset(start, limit)
-            return start
-        if self._available_now_left is not None:
-            self._available_now_left -= batch.count
-        return {"seq": seq + 1}
+            return []
+        record_batch = arrow_rows.to_record_batch(batch.deliveries)
+        return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, ROWS_PER_PARTITION)))
+                for offset in range(0, record_batch.num_rows, ROWS_PER_PARTITION)]
 
-    def _take_available_now(self, consumer: QueueConsumer, seq: int, cap: int):
-        """Under availableNow the count taken at the start is a ceiling, not a promise (it can count a
-        message twice while it moves from the queue to our buffer): the run is drained once nothing
-        arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT."""
-        consumer.start_consuming()
-        consumer.wait_pending(cap, FILL_WAIT)
-        deadline = time.monotonic() + AVAILABLE_NOW_WAIT
-        while True:
-            batch = consumer.take(seq, cap, wait=0.2)
-            if batch.count or time.monotonic() > deadline:
-                return batch
-            if consumer.ready_count() == 0:
-                # Empty queues; what the broker already sent is on its way: one last look.
-                return consumer.take(seq, cap, wait=IN_FLIGHT_WAIT)
-
-    def partitions(self, start: dict, end: dict):
-        """Driver. The batches in (start, end] as Arrow partitions. A batch this process never planned was
-        planned by a run that stopped before its commit: it is taken again from what the broker redelivers."""
-        consumer = self._session()
-        parts = []
-        for seq in range(int(start["seq"]) + 1, int(end["seq"]) + 1):
-            batch = consumer.batches.get(seq)
-            if batch is None:
-                batch = consumer.take(seq, self._batch_cap(self.getDefaultReadLimit()), REPLAY_WAIT)
-                if self._available_now_left is not None:
-                    self._available_now_left -= batch.count   # counted at the start of the run
-            if not batch.count:
-                continue
-            record_batch = arrow_rows.to_record_batch(batch.deliveries)
-            for offset in range(0, record_batch.num_rows, ROWS_PER_PARTITION):
-                parts.append(ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, ROWS_PER_PARTITION))))
-        return parts
+    def _replayed(self, count: int) -> None:
+        """Driver: a batch of `count` redelivered messages was taken for a batch planned by an earlier run."""
 
     def commit(self, end: dict) -> None:
         """Driver. Spark finished the batch ending at `end`: the same signal latestOffset acted on."""
@@ -203,3 +150,162 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Executor. Yields the partition's rows as Arrow record batches (no broker access here)."""
         yield from arrow_rows.deserialize(partition.data)
 
+
+class LegacyQueueStreamReader(_QueueStreamReaderBase):
+    """The source on PySpark 4.0 and 4.1, whose `latestOffset()` takes no start and no read limit.
+
+    Acks: every batch handed to `partitions()` is committed by the time Spark calls `latestOffset()` again
+    (synchronous progress tracking; asynchronous progress tracking is not supported by Python sources).
+    Batch size: `maxMessagesPerTrigger` is applied here, as 4.2's read limits would. availableNow: 4.0 and
+    4.1 run it as a single batch unless `spark.sql.streaming.triggerAvailableNowWrapper.enabled` is true,
+    and either way the source cannot see the trigger; a batch that ends the run is acked only if Spark
+    calls `latestOffset()` once more (the wrapper does), else it is redelivered to the next run."""
+
+    def __init__(self, options):
+        super().__init__(options)
+        self._known = None     # the highest batch number returned, planned by Spark, or run (None: unknown)
+        self._handed = -1      # the highest batch handed to partitions(): committed at the next latestOffset
+
+    def initialOffset(self) -> dict:
+        """Driver. A new query starts at batch 0."""
+        offset = super().initialOffset()
+        self._known = max(self._known or 0, 0)
+        return offset
+
+    def latestOffset(self) -> dict:
+        """Driver, every trigger. Acks what earlier triggers ran, then plans the next batch from what has
+        arrived; returns the last batch's offset when there is nothing new."""
+        consumer = self._session()
+        consumer.ack_through(self._handed)
+        planned = [s for s in consumer.batches if s > self._handed]
+        if planned:
+            # Asked again before the planned batch ran: the same batch, not a second one.
+            end = max(planned)
+        else:
+            seq = max(int(time.time() * 1000), (self._known or 0) + 1)
+            cap = self._batch_cap(self.options.get("maxMessagesPerTrigger"))
+            if not consumer.consuming:
+                # The first batch of a run: let the deliveries the consumers start now fill it, for an
+                # availableNow run (one batch on these versions) reads this batch and no other.
+                consumer.start_consuming()
+                consumer.wait_pending(cap, FILL_WAIT)
+            batch = consumer.take(seq, cap)
+            if batch.count:
+                end = seq
+            else:
+                consumer.batches.pop(seq, None)
+                end = self._known if self._known is not None else 0
+        self._idle = end == self._latest
+        self._known = max(self._known or 0, end)
+        self._latest = max(self._latest, end)
+        return {"seq": end}
+
+    def partitions(self, start: dict, end: dict):
+        """Driver. The batch ending at `end` (batch numbers are not consecutive here: see the module's
+        docstring). Spark also calls this with start == end for the last committed batch when a query
+        restarts from its checkpoint: that names the number to continue above."""
+        seq = int(end["seq"])
+        self._known = max(self._known or 0, seq)
+        if int(start["seq"]) == seq:
+            return []
+        self._handed = max(self._handed, seq)
+        return self._batch_partitions(seq)
+
+    def stop(self) -> None:
+        """Driver, when the query stops. A batch that ran and was never followed by a latestOffset() may
+        or may not be committed; its deliveries are released and the broker redelivers them."""
+        if self._consumer is not None:
+            unsure = sum(b.count for s, b in self._consumer.batches.items() if s <= self._handed)
+            if unsure:
+                log.warning("AMQP source: %d message(s) of the last batch are released unacked (PySpark < 4.2 "
+                            "does not tell a source that its last batch committed); the broker redelivers "
+                            "them to the next run. Under availableNow set "
+                            "spark.sql.streaming.triggerAvailableNowWrapper.enabled=true", unsure)
+        super().stop()
+
+
+if ADMISSION_CONTROL:
+    class QueueStreamReader(_QueueStreamReaderBase, SupportsTriggerAvailableNow):
+        """The source on PySpark >= 4.2: `latestOffset(start, limit)`, read limits and availableNow."""
+
+        def __init__(self, options):
+            super().__init__(options)
+            self._available_now_left: int | None = None
+            self._barrier_done = False
+
+        def getDefaultReadLimit(self):
+            """Driver. `maxMessagesPerTrigger` bounds each batch."""
+            n = self.options.get("maxMessagesPerTrigger")
+            return ReadMaxRows(n) if n else ReadAllAvailable()
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            """Driver, once at the start of an availableNow run (before any batch is taken): count what is
+            there to drain. Counted before the consumers start, the count is exact: a count taken while the
+            broker is pushing deliveries misses those on the wire, and the run would end that many short."""
+            self._available_now_left = self._session().ready_count()
+            self._barrier_done = False
+            log.info("AMQP source: availableNow run will read %s messages", self._available_now_left)
+
+        def latestOffset(self, start: dict, limit) -> dict:
+            """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
+            has arrived; returns `start` when there is nothing new."""
+            end = self._latest_offset(start, limit)
+            self._idle = end == start
+            self._latest = max(self._latest, int(end["seq"]))
+            return end
+
+        def _latest_offset(self, start: dict, limit) -> dict:
+            consumer = self._session()
+            seq = int(start["seq"])
+            consumer.ack_through(seq)
+            if seq + 1 in consumer.batches:
+                # Asked again from the same start before that batch ran: the same batch, not a second one
+                # (a second would strand the first one's deliveries unacked until the connection closes).
+                return {"seq": seq + 1}
+            cap = self._batch_cap(limit.max_rows if isinstance(limit, ReadMaxRows) else None)
+            if self._available_now_left is not None:
+                if self._available_now_left <= 0:
+                    if not self._barrier_done:
+                        self._barrier_done = True
+                        consumer.take(seq + 1, 0)            # the empty "ack barrier" batch
+                        return {"seq": seq + 1}
+                    return start
+                cap = min(cap, self._available_now_left)
+                batch = self._take_available_now(consumer, seq + 1, cap)
+            else:
+                batch = consumer.take(seq + 1, cap)
+            if not batch.count:
+                consumer.batches.pop(seq + 1, None)
+                if self._available_now_left is not None:   # drained: end with the barrier
+                    self._available_now_left = 0
+                    return self._latest_offset(start, limit)
+                return start
+            if self._available_now_left is not None:
+                self._available_now_left -= batch.count
+            return {"seq": seq + 1}
+
+        def _take_available_now(self, consumer: QueueConsumer, seq: int, cap: int):
+            """Under availableNow the count taken at the start is a ceiling, not a promise (it can count a
+            message twice while it moves from the queue to our buffer): the run is drained once nothing
+            arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT."""
+            consumer.start_consuming()
+            consumer.wait_pending(cap, FILL_WAIT)
+            deadline = time.monotonic() + AVAILABLE_NOW_WAIT
+            while True:
+                batch = consumer.take(seq, cap, wait=0.2)
+                if batch.count or time.monotonic() > deadline:
+                    return batch
+                if consumer.ready_count() == 0:
+                    # Empty queues; what the broker already sent is on its way: one last look.
+                    return consumer.take(seq, cap, wait=IN_FLIGHT_WAIT)
+
+        def partitions(self, start: dict, end: dict):
+            """Driver. The batch in (start, end] (one per planned offset) as Arrow partitions."""
+            return [part for seq in range(int(start["seq"]) + 1, int(end["seq"]) + 1)
+                    for part in self._batch_partitions(seq)]
+
+        def _replayed(self, count: int) -> None:
+            if self._available_now_left is not None:
+                self._available_now_left -= count   # counted at the start of the run
+else:
+    QueueStreamReader = LegacyQueueStreamReader

@@ -32,7 +32,10 @@ def arrow_df(spark, rows: list[dict], schema):
 
     if isinstance(schema, str):
         schema = StructType.fromDDL(schema)
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    try:
+        arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    except TypeError:   # PySpark 4.0: no timezone argument (timestamps are UTC there)
+        arrow_schema = to_arrow_schema(schema)
     maps = [n for n in ("headers", "header_types") if n in schema.fieldNames()]
     fixed = [{**r, **{n: list(r[n].items()) if r.get(n) is not None else None for n in maps}} for r in rows]
     table = pa.Table.from_pylist([{n: r.get(n) for n in schema.fieldNames()} for r in fixed], arrow_schema)

@@ -13,6 +13,9 @@ import uuid
 
 import pika
 import psutil
+import pytest
+
+from spark_amqp.source.stream_reader import ADMISSION_CONTROL
 
 from brokers import cut_connections, rabbitmq_list
 from waiting import wait_until
@@ -208,3 +211,26 @@ def stream(spark, url: str, queue: str, **options):
 
 def checkpoint(tmp_path, name: str = "chk") -> str:
     return str(tmp_path / f"{name}-{uuid.uuid4().hex[:6]}")
+
+
+# PySpark 4.0 / 4.1 run a Python source's availableNow as one batch per run and have no reportLatestOffset
+# (README, "PySpark versions"); tests of what 4.2's admission control gives are skipped there.
+needs_admission_control = pytest.mark.skipif(
+    not ADMISSION_CONTROL, reason="needs PySpark >= 4.2 (admission control: availableNow in batches, "
+                                  "reportLatestOffset); 4.0/4.1 run availableNow as one batch per run")
+
+
+def run_available_now(start_query, timeout: float = 60) -> int:
+    """Drain the source with availableNow runs, as a user of this PySpark would: one run on PySpark >= 4.2;
+    on 4.0 / 4.1, where a run reads one batch, runs until one reads nothing. `start_query()` starts one
+    run and returns its StreamingQuery; each run must end without error. Returns the number of runs."""
+    runs = 0
+    while True:
+        query = start_query()
+        runs += 1
+        assert query.awaitTermination(timeout), f"availableNow run {runs} did not end in {timeout} s"
+        assert query.exception() is None, query.exception()
+        rows = sum(p["numInputRows"] for p in query.recentProgress)
+        if ADMISSION_CONTROL or rows == 0:
+            return runs
+        assert runs < 100, "100 availableNow runs did not drain the source"

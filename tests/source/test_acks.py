@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
-from source_helpers import Collector, checkpoint, stream
+from spark_amqp.source.stream_reader import ADMISSION_CONTROL   # PySpark >= 4.2
+
+from source_helpers import Collector, checkpoint, run_available_now, stream
 from waiting import wait_until
 
 
@@ -77,20 +79,18 @@ def test_available_now_leaves_nothing_unacked_and_a_second_run_reads_no_duplicat
     chk = checkpoint(tmp_path)
     env.publish(q, [f"a{i}" for i in range(10)])
 
+    def run(collector):
+        return lambda: (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(collector)
+                        .option("checkpointLocation", chk).trigger(availableNow=True).start())
+
     first = Collector()
-    query = (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(first)
-             .option("checkpointLocation", chk).trigger(availableNow=True).start())
-    assert query.awaitTermination(60), "the first availableNow run did not end"
-    assert query.exception() is None
+    run_available_now(run(first))          # on PySpark 4.0/4.1: one run per batch, until one reads nothing
     assert sorted(first.bodies()) == sorted(f"a{i}".encode() for i in range(10))
     assert env.state(q) == (0, 0), "after an availableNow run nothing may stay ready or unacked"
 
     # Same checkpoint, nothing new: a second run must read nothing.
     second = Collector()
-    query = (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(second)
-             .option("checkpointLocation", chk).trigger(availableNow=True).start())
-    assert query.awaitTermination(60), "the second availableNow run did not end"
-    assert query.exception() is None
+    assert run_available_now(run(second)) == 1
     assert second.bodies() == [], f"the second run re-read {second.bodies()}"
 
     # Same checkpoint, new messages: exactly those. (The finished run's consumer leaves just after
@@ -98,10 +98,12 @@ def test_available_now_leaves_nothing_unacked_and_a_second_run_reads_no_duplicat
     env.wait_no_consumer(q)
     env.publish(q, [f"b{i}" for i in range(5)])
     third = Collector()
-    query = (stream(spark, env.url, q, maxMessagesPerTrigger=4).writeStream.foreachBatch(third)
-             .option("checkpointLocation", chk).trigger(availableNow=True).start())
-    assert query.awaitTermination(60), "the third availableNow run did not end"
-    assert query.exception() is None
+    run_available_now(run(third))
     assert sorted(third.bodies()) == sorted(f"b{i}".encode() for i in range(5))
-    assert [bytes(r.body) for r in first.rows + third.rows if r.redelivered] == []
+    every_row = first.rows + third.rows
+    assert len({bytes(r.body) for r in every_row}) == len(every_row), "a message was read twice"
+    if ADMISSION_CONTROL:
+        assert [bytes(r.body) for r in every_row if r.redelivered] == []
+    # (On PySpark 4.0/4.1 a run's consumer receives more than its one batch; what it did not take comes
+    # back to the next run with redelivered=true, though no run had read it.)
     assert env.state(q) == (0, 0)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from chispa import assert_df_equality
 
-from source_helpers import Collector, checkpoint, stream
+from source_helpers import Collector, checkpoint, needs_admission_control, stream
+from waiting import wait_until
 
 
 def test_max_messages_per_trigger_bounds_each_batch(spark, env, tmp_path):
@@ -12,8 +13,10 @@ def test_max_messages_per_trigger_bounds_each_batch(spark, env, tmp_path):
     env.publish(q, [f"m{i}" for i in range(25)])
     sink = Collector()
     query = (stream(spark, env.url, q, maxMessagesPerTrigger=10).writeStream.foreachBatch(sink)
-             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
-    assert query.awaitTermination(60)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="200 milliseconds")
+             .start())
+    wait_until(lambda: len(sink.rows) >= 25 or query.exception(), 60, interval=0.1, message="25 rows")
+    query.stop()
     assert query.exception() is None
     sizes = [p["numInputRows"] for p in query.recentProgress]
     assert sum(sizes) == 25, sizes
@@ -22,6 +25,7 @@ def test_max_messages_per_trigger_bounds_each_batch(spark, env, tmp_path):
     assert sorted(len(rows) for rows in sink.batches.values() if rows) == sorted(n for n in sizes if n)
 
 
+@needs_admission_control
 def test_available_now_drains_a_backlog_and_stops(spark, env, tmp_path):
     total = 300
     q = env.queue("backlog")
@@ -37,6 +41,7 @@ def test_available_now_drains_a_backlog_and_stops(spark, env, tmp_path):
     assert env.state(q) == (0, 0)
 
 
+@needs_admission_control
 def test_available_now_reads_a_backlog_larger_than_a_batch_in_one_run(spark, env, tmp_path):
     # The run counts the backlog before its consumers start. Counted while the broker pushes deliveries
     # (a prefetch of 70,000, spread over two channels), those on the wire would be missed and the run

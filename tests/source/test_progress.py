@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from source_helpers import Collector, checkpoint, stream
+from source_helpers import Collector, checkpoint, needs_admission_control, stream
 from waiting import wait_until
 
 
@@ -20,6 +20,7 @@ def source_progress(query) -> list[dict]:
     return out
 
 
+@needs_admission_control
 def test_progress_shows_the_backlog_per_queue(spark, env, tmp_path):
     total = 50
     q = env.queue("progress")

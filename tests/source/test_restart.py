@@ -11,7 +11,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from source_helpers import Collector, checkpoint, stream
+from source_helpers import Collector, checkpoint, run_available_now, stream
 from waiting import wait_until
 
 JOB = Path(__file__).with_name("stream_job.py")
@@ -46,10 +46,9 @@ def test_restart_after_stop_delivers_everything_at_least_once(spark, env, tmp_pa
 
     env.publish(q, [f"s{i}" for i in range(5)])
     second = Collector()
-    query = (stream(spark, env.url, q, maxMessagesPerTrigger=5).writeStream.foreachBatch(second)
-             .option("checkpointLocation", chk).trigger(availableNow=True).start())
-    assert query.awaitTermination(90), "the run after the restart did not end"
-    assert query.exception() is None
+    run_available_now(lambda: stream(spark, env.url, q, maxMessagesPerTrigger=5).writeStream
+                      .foreachBatch(second).option("checkpointLocation", chk).trigger(availableNow=True).start(),
+                      timeout=90)
 
     rows = first.rows + second.rows
     expected = {f"r{i}".encode() for i in range(total)} | {f"s{i}".encode() for i in range(5)}
