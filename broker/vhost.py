@@ -148,14 +148,15 @@ class VirtualHost:
                 "originally declared on another connection or the exclusive property value does not "
                 "match that of the original declaration.")
 
-    def declare_queue(self, name, passive, durable, exclusive, auto_delete, arguments, conn) -> Queue:
+    def declare_queue(self, name, passive, durable, exclusive, auto_delete, arguments, conn,
+                      server_name=None) -> Queue:
         now = self.core.now()
         if passive:
             q = self.get_queue(name, conn)
             q.last_used = now
             return q
         if not name:
-            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+            name = server_name or "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
             raise replies.channel_error(
                 replies.ACCESS_REFUSED,
