@@ -401,3 +401,18 @@ def test_command_line_definitions(tmp_path):
                           str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: definitions: cannot read"), bad.stderr
+
+
+def test_toml_definitions_key(tmp_path):
+    defs = tmp_path / "defs.json"
+    defs.write_text(json.dumps({"vhosts": [{"name": "from-toml"}], "users": [
+        {"name": "t", "password_hash": hash_password("t-pw"), "tags": ["management"]}],
+        "permissions": [{"user": "t", "vhost": "from-toml", "configure": ".*", "write": ".*", "read": ".*"}]}))
+    toml = tmp_path / "broker.toml"
+    toml.write_text(f'[broker]\ndefinitions = "{defs}"\n')
+    config = BrokerConfig.from_toml(str(toml))
+    assert config.all_vhosts == ("/", "from-toml")
+    assert config.access.users["t"].tags == ("management",)
+    # guest (from the default users) has no permissions now that definitions give some: no vhost for it
+    assert not config.access.vhost_allowed("guest", "/", True)
+    assert config.access.vhost_allowed("t", "from-toml", True)
