@@ -34,12 +34,14 @@ from spark_amqp.codec import frames, methods
 TAG = uuid.uuid4().hex[:8]
 VHOST = f"perm-{TAG}"
 USER, PUB, NOBODY = f"perm-user-{TAG}", f"perm-pub-{TAG}", f"perm-nobody-{TAG}"
+IMP = f"perm-impersonator-{TAG}"        # tagged impersonator, same permissions as PUB
+USERS = (USER, PUB, NOBODY, IMP)
 PASSWORD = f"pw-{TAG}"
 CONFIGURE = r"^[^-]*c[^-]*-|^amq\.gen-"
 WRITE = r"^[^-]*w[^-]*-"
 READ = r"^[^-]*r[^-]*-"
 TOPIC_X = "crw-topic"
-PERMISSIONS = {USER: (CONFIGURE, WRITE, READ), PUB: ("", r"^amq\.default$", "")}
+PERMISSIONS = {USER: (CONFIGURE, WRITE, READ), PUB: ("", r"^amq\.default$", ""), IMP: ("", r"^amq\.default$", "")}
 # Topic permissions of USER on TOPIC_X: publish only with keys under "allowed.", bind only with keys that
 # start with the user's own name ({username} is expanded by the broker).
 TOPIC = ("^allowed\\.", "^{username}\\.")
@@ -48,9 +50,9 @@ TOPIC = ("^allowed\\.", "^{username}\\.")
 def _local_definitions() -> dict:
     """What export_definitions would write for this module's setup (used when RabbitMQ is not reachable)."""
     return {
-        "users": [{"name": u, "password_hash": hash_password(PASSWORD), "tags": [],
+        "users": [{"name": u, "password_hash": hash_password(PASSWORD), "tags": ["impersonator"] if u == IMP else [],
                    "hashing_algorithm": "rabbit_password_hashing_sha256", "limits": {}}
-                  for u in (USER, PUB, NOBODY)],
+                  for u in USERS],
         "vhosts": [{"name": VHOST, "limits": [], "metadata": {"description": "", "tags": []}}],
         "permissions": [{"user": u, "vhost": VHOST, "configure": p[0], "write": p[1], "read": p[2]}
                         for u, p in PERMISSIONS.items()],
@@ -62,8 +64,9 @@ def _local_definitions() -> dict:
 
 
 def _rabbitmq_setup() -> None:
-    for user in (USER, PUB, NOBODY):
+    for user in USERS:
         rabbitmqctl("add_user", user, PASSWORD)
+    rabbitmqctl("set_user_tags", IMP, "impersonator")
     for user, (c, w, r) in PERMISSIONS.items():
         rabbitmqctl("set_permissions", "-p", VHOST, user, c, w, r)
     rabbitmqctl("set_topic_permissions", "-p", VHOST, USER, TOPIC_X, *TOPIC)
@@ -72,7 +75,7 @@ def _rabbitmq_setup() -> None:
 @pytest.fixture(scope="module")
 def world():
     """{"rabbitmq": port or None, "embedded": the embedded Broker}: both hold this module's users and vhost."""
-    with rabbitmq_setup(VHOST, (USER, PUB, NOBODY), _rabbitmq_setup, _local_definitions()) as (defs, on_rabbit):
+    with rabbitmq_setup(VHOST, USERS, _rabbitmq_setup, _local_definitions()) as (defs, on_rabbit):
         with Broker(port=0, definitions=defs) as broker:
             yield {"rabbitmq": RABBITMQ_PORT if on_rabbit else None, "embedded": broker, "definitions": defs}
 
@@ -146,8 +149,6 @@ def test_queue_declare_needs_configure(session, names):
     s = session()
     assert s.run(lambda ch: ch.queue_declare(names("c-q"), auto_delete=True)) == "ok"
     assert s.run(lambda ch: ch.queue_declare(names("wr-q"))) == refused("queue", names("wr-q"))
-    # Reserved names are refused before permissions, with RabbitMQ's own text.
-    assert s.run(lambda ch: ch.queue_declare("amq.q"))[0] == 403
 
 
 def test_server_named_queue_is_checked_under_its_amq_gen_name(session):
@@ -314,6 +315,36 @@ def test_impersonation_needs_the_impersonator_tag(session, names):
     code, text = s.run(lambda ch: ch.basic_publish("", q, b"m", pika.BasicProperties(user_id=USER)))
     assert (code, text) == (406, f"PRECONDITION_FAILED - user_id property set to '{USER}' but "
                                  f"authenticated user was '{PUB}'")
+    assert session(IMP).run(lambda ch: ch.basic_publish("", q, b"m", pika.BasicProperties(user_id=USER))) == "ok"
+
+
+def test_refusal_orders(session, names):
+    """Which check comes first when several would refuse, as rabbit_channel orders them."""
+    s = session()
+    # exchange.declare: configure before the reserved amq. prefix; queue.declare: the prefix first.
+    assert s.run(lambda ch: ch.exchange_declare("amq.nope", "direct")) == refused("exchange", "amq.nope")
+    assert s.run(lambda ch: ch.exchange_declare("amq.c-nope", "direct")) == \
+        (403, f"ACCESS_REFUSED - exchange name 'amq.c-nope' contains reserved prefix 'amq.*'")
+    assert s.run(lambda ch: ch.queue_declare("amq.nope")) == \
+        (403, "ACCESS_REFUSED - queue name 'amq.nope' contains reserved prefix 'amq.*'")
+    # exchange.delete: the system exchanges first, then configure
+    assert s.run(lambda ch: ch.exchange_delete("amq.direct")) == \
+        (403, f"ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '{VHOST}' not allowed")
+    # the default exchange cannot be bound, but write on the queue is checked first
+    assert s.run(lambda ch: ch.queue_bind(names("c-q"), "", "k")) == refused("queue", names("c-q"))
+    # an exclusive queue of another connection: configure (403) before the lock (405)
+    other = session()
+    q = names("c-q")
+    assert other.run(lambda ch: ch.queue_declare(q, exclusive=True)) == "ok"
+    assert session(PUB).run(lambda ch: ch.queue_declare(q, exclusive=True)) == refused("queue", q, PUB)
+    assert s.run(lambda ch: ch.queue_declare(q, exclusive=True))[0] == 405
+    # internal exchange: write first, then "cannot publish to internal exchange"
+    assert s.run(lambda ch: ch.exchange_declare(names("cw-int"), "fanout", auto_delete=True,
+                                                internal=True)) == "ok"
+    assert session(PUB).run(lambda ch: ch.basic_publish(names("cw-int"), "k", b"m")) == \
+        refused("exchange", names("cw-int"), PUB)
+    assert s.run(lambda ch: ch.basic_publish(names("cw-int"), "k", b"m")) == \
+        (403, f"ACCESS_REFUSED - cannot publish to internal exchange '{names('cw-int')}' in vhost '{VHOST}'")
 
 
 # ---------------------------------------------------------------------------- connection level
