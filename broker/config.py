@@ -111,10 +111,11 @@ class BrokerConfig:
         """The first user configured with a plain password (for URLs); ValueError when every user is
         configured by hash only (a URL then needs the password, which the broker does not know)."""
         for name, spec in self.users.items():
-            if isinstance(spec, str):
-                return name, spec
-            if isinstance(spec, dict) and isinstance(spec.get("password"), str):
-                return name, spec["password"]
+            password = spec if isinstance(spec, str) else \
+                spec.get("password") if isinstance(spec, dict) else None
+            # a user the definitions file redefined (another password) is of no use in a URL
+            if isinstance(password, str) and self.access.users[name].check(password):
+                return name, password
         raise ValueError("no user has a plain password (only password hashes): build the URL yourself")
 
     def _check_tls(self) -> None:

@@ -42,9 +42,9 @@ WRITE = r"^[^-]*w[^-]*-"
 READ = r"^[^-]*r[^-]*-"
 TOPIC_X = "crw-topic"
 PERMISSIONS = {USER: (CONFIGURE, WRITE, READ), PUB: ("", r"^amq\.default$", ""), IMP: ("", r"^amq\.default$", "")}
-# Topic permissions of USER on TOPIC_X: publish only with keys under "allowed.", bind only with keys that
-# start with the user's own name ({username} is expanded by the broker).
-TOPIC = ("^allowed\\.", "^{username}\\.")
+# Topic permissions of USER on TOPIC_X: publish only with keys under "allowed." or the vhost's name, bind
+# only with keys that start with the user's own name ({username} and {vhost} are expanded by the broker).
+TOPIC = ("^(allowed|{vhost})\\.", "^{username}\\.")
 
 
 def _local_definitions() -> dict:
@@ -293,6 +293,7 @@ def test_topic_permissions(session, names):
     try:
         assert s.run(lambda ch: ch.queue_declare(q, auto_delete=True)) == "ok"
         assert s.run(lambda ch: ch.basic_publish(TOPIC_X, "allowed.x", b"m")) == "ok"
+        assert s.run(lambda ch: ch.basic_publish(TOPIC_X, f"{VHOST}.x", b"m")) == "ok"
         assert s.run(lambda ch: ch.basic_publish(TOPIC_X, "other.x", b"m")) == \
             (403, f"ACCESS_REFUSED - access to topic 'other.x' in exchange '{TOPIC_X}' in vhost '{VHOST}' "
                   f"refused for user '{USER}'")
@@ -303,6 +304,11 @@ def test_topic_permissions(session, names):
         # Other topic exchanges have no topic permission for this user: any key goes.
         other = names("crw-t")
         assert s.run(lambda ch: ch.exchange_declare(other, "topic", auto_delete=True)) == "ok"
+        # exchange.bind from a topic exchange: the topic read permission on the routing key, too
+        assert s.run(lambda ch: ch.exchange_bind(other, TOPIC_X, f"{USER}.x")) == "ok"
+        assert s.run(lambda ch: ch.exchange_bind(other, TOPIC_X, "x.y")) == \
+            (403, f"ACCESS_REFUSED - access to topic 'x.y' in exchange '{TOPIC_X}' in vhost '{VHOST}' "
+                  f"refused for user '{USER}'")
         assert s.run(lambda ch: ch.queue_bind(q, other, "any.#")) == "ok"
         assert s.run(lambda ch: ch.basic_publish(other, "any.x", b"m")) == "ok"
     finally:
