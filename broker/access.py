@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 
 from spark_amqp.codec import replies
 
+from .exchange import EXCHANGE_TYPES
+
 SHA256 = "rabbit_password_hashing_sha256"
 SHA512 = "rabbit_password_hashing_sha512"
 MD5 = "rabbit_password_hashing_md5"
 HASHES = {SHA256: hashlib.sha256, SHA512: hashlib.sha512, MD5: hashlib.md5}
 
-OPEN_PERMISSION = (".*", ".*", ".*")
 KINDS = ("configure", "write", "read")
 
 
@@ -85,7 +86,7 @@ def make_user(name: str, spec, where: str = "users") -> User:
     if not isinstance(spec, dict):
         raise ValueError(f"{where}.{name} must be a password (string) or a table with password or "
                          f"password_hash and tags; got {type(spec).__name__}")
-    unknown = set(spec) - {"password", "password_hash", "hashing_algorithm", "tags", "name", "limits"}
+    unknown = set(spec) - {"password", "password_hash", "hashing_algorithm", "tags"}
     if unknown:
         raise ValueError(f"{where}.{name}: unknown keys {sorted(unknown)}; allowed: password, password_hash, "
                          "hashing_algorithm, tags")
@@ -278,7 +279,6 @@ def exchange_declare(ch, m) -> None:
     on the exchange; for a new exchange with an alternate-exchange: read on it, write on the AE."""
     if m.passive or m.exchange == "" or _ac(ch).open_vhosts:
         return
-    from .exchange import EXCHANGE_TYPES
     if m.exchange_type not in EXCHANGE_TYPES:
         return       # RabbitMQ checks the type first (503, a connection error): the vhost raises it
     _check(ch, "exchange", m.exchange, CONFIGURE)
