@@ -81,7 +81,7 @@ def parse(source) -> Definitions:
         name = _str(item, "name", f"{where}: users[{i}]")
         if item.get("limits"):
             d.skipped.append(f"limits of user '{name}' ({json.dumps(item['limits'], sort_keys=True)})")
-        algorithm = item.get("hashing_algorithm", access.SHA256)
+        algorithm = item.get("hashing_algorithm") or _default_hashing(doc)
         if algorithm not in access.HASHES:
             d.skipped.append(f"user '{name}': unsupported hashing_algorithm '{algorithm}' (the user cannot "
                              "log in; supported: " + ", ".join(sorted(access.HASHES)) + ")")
@@ -119,6 +119,14 @@ def parse(source) -> Definitions:
                              f"got {item['destination_type']!r}")
         d.bindings.append(item)
     return d
+
+
+def _default_hashing(doc: dict) -> str:
+    """A user exported without hashing_algorithm (before 3.6.1): RabbitMQ's import takes MD5 for files from
+    3.0 to 3.5 (their rabbit_version says so) and its default, SHA-256, otherwise."""
+    version = str(doc.get("rabbit_version") or doc.get("rabbitmq_version") or "")
+    old = any(version.startswith(f"3.{minor}.") for minor in range(6))
+    return access.MD5 if old else access.SHA256
 
 
 def _entries(doc: dict, key: str, where: str) -> list[dict]:

@@ -264,6 +264,17 @@ def test_users_with_each_hashing_algorithm_log_in(algorithm):
             pika.BlockingConnection(pika.URLParameters(f"amqp://h:wrong@127.0.0.1:{b.port}/%2F"))
 
 
+@pytest.mark.parametrize("version,algorithm", [("3.5.7", MD5), ("3.6.0", SHA256), (None, SHA256)])
+def test_exports_without_hashing_algorithm(version, algorithm):
+    """Before 3.6.1 exports named no hashing algorithm: MD5 up to 3.5, as RabbitMQ's import assumes."""
+    doc = {"users": [{"name": "old", "password_hash": hash_password("pw", algorithm), "tags": ""}]}
+    if version:
+        doc["rabbit_version"] = version
+    config = BrokerConfig(definitions=doc)
+    assert config.access.users["old"].hashing_algorithm == algorithm
+    assert config.access.users["old"].check("pw")
+
+
 @pytest.mark.rabbitmq
 def test_hashes_are_rabbitmqs():
     """RabbitMQ accepts a user imported with our hash_password's output (the other way round, RabbitMQ's
