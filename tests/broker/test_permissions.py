@@ -380,6 +380,7 @@ def test_wrong_password_is_403(side):
                 "mechanism PLAIN. For details see the broker logfile.'")
     assert _connect_error(side(USER, password="wrong")) == expected
     assert _connect_error(side(f"no-such-user-{TAG}")) == expected
+    assert _connect_error(side(USER, password="")) == expected     # blank passwords never log in
 
 
 def test_the_hashes_rabbitmq_exported_are_checked(world):
