@@ -336,9 +336,11 @@ def queue_declare(ch, m) -> str | None:
 
 
 def queue_configure(ch, m) -> None:
-    """queue.delete: configure."""
+    """queue.delete: configure. The name is expanded (404 without a last declared queue) even when every
+    user may do everything: RabbitMQ expands it before any handler runs."""
+    name = _queue_name(ch, m.queue)
     if not _ac(ch).open_vhosts:
-        _check(ch, "queue", _queue_name(ch, m.queue), CONFIGURE)
+        _check(ch, "queue", name, CONFIGURE)
 
 
 def queue_read(ch, m) -> None:

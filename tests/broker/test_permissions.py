@@ -173,6 +173,22 @@ def test_passive_declares_need_no_permission(session, names):
         (404, f"NOT_FOUND - no queue '{names('n-q')}' in vhost '{VHOST}'")
 
 
+def test_empty_queue_name_is_the_last_declared_one(session, names):
+    """The permission is checked on the queue "" stands for; without one declared on the channel: 404."""
+    s = session()
+    q = names("cr-q")
+
+    def last_declared(ch):
+        ch.queue_declare(q, auto_delete=True)
+        ch.basic_get("")
+        ch.queue_purge("")
+        ch.queue_delete("")
+    assert s.run(last_declared) == "ok"
+    for op in (lambda ch: ch.queue_delete(""), lambda ch: ch.queue_purge(""), lambda ch: ch.basic_get(""),
+               lambda ch: ch.queue_bind("", "amq.direct", "k")):
+        assert s.run(op) == (404, "NOT_FOUND - no previously declared queue")
+
+
 def test_queue_delete_needs_configure(session, names):
     s = session()
     assert s.run(lambda ch: ch.queue_delete(names("wr-q"))) == refused("queue", names("wr-q"))
