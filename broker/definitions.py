@@ -186,6 +186,9 @@ def apply_topology(core, d: Definitions) -> None:
             _declare(skipped, what, vhost.bind_queue, q, b["source"], key, args)
         else:
             _declare(skipped, what, vhost.bind_exchange, b["destination"], b["source"], key, args)
+    log.info("definitions: %d users, %d vhosts, %d permissions, %d topic permissions, %d exchanges, %d queues, "
+             "%d bindings read; %d items not loaded", len(d.users), len(d.vhosts), len(d.permissions),
+             len(d.topic_permissions), len(d.exchanges), len(d.queues), len(d.bindings), len(skipped))
     for item in skipped:
         log.warning("definitions: not loaded (not supported by the embedded broker): %s", item)
     core.definitions_skipped = skipped
