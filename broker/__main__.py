@@ -33,6 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="refuse TLS clients without a certificate signed by --tls-ca")
     p.add_argument("--data-dir", default=None,
                    help="directory for durable state (persistence is not implemented yet)")
+    p.add_argument("--definitions", default=None, metavar="FILE",
+                   help="RabbitMQ definitions (JSON, as `rabbitmqctl export_definitions` writes) to load: "
+                        "users, vhosts, permissions, exchanges, queues, bindings")
     p.add_argument("--config", default=None, help="TOML file with [broker] settings and [users]")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     return p.parse_args(argv)
@@ -53,7 +56,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
             users[name] = password
     overrides = {"host": args.host, "port": args.port, "users": users, "data_dir": args.data_dir,
                  "tls_port": args.tls_port, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
-                 "tls_ca": args.tls_ca, "tls_verify_peer": args.tls_verify_peer}
+                 "tls_ca": args.tls_ca, "tls_verify_peer": args.tls_verify_peer,
+                 "definitions": args.definitions}
     if args.config:
         return BrokerConfig.from_toml(args.config, **overrides)
     values = {k: v for k, v in overrides.items() if v is not None}

@@ -14,6 +14,7 @@ from pamqp import commands as C
 
 from spark_amqp.codec import fields, frames, methods, properties, replies
 
+from . import access
 from .message import Message
 
 # AMQP field-type tags as RabbitMQ names them in error texts.
@@ -130,22 +131,26 @@ class Channel:
     # exchanges
 
     def on_exchange_declare(self, m):
+        access.exchange_declare(self, m)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, m.passive, m.durable, m.auto_delete,
                                     m.internal, m.arguments)
         if not m.nowait:
             self.reply(C.Exchange.DeclareOk())
 
     def on_exchange_delete(self, m):
+        access.exchange_delete(self, m)
         self.vhost.delete_exchange(m.exchange, m.if_unused)
         if not m.nowait:
             self.reply(C.Exchange.DeleteOk())
 
     def on_exchange_bind(self, m):
+        access.exchange_binding(self, m)
         self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.reply(C.Exchange.BindOk())
 
     def on_exchange_unbind(self, m):
+        access.exchange_binding(self, m)
         self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.reply(C.Exchange.UnbindOk())
@@ -160,20 +165,23 @@ class Channel:
         return self.vhost.get_queue(name, self.conn)
 
     def on_queue_declare(self, m):
+        server_name = access.queue_declare(self, m)
         q = self.vhost.declare_queue(m.queue, m.passive, m.durable, m.exclusive, m.auto_delete,
-                                     m.arguments, self.conn)
+                                     m.arguments, self.conn, server_name=server_name)
         self.last_queue = q.name
         if not m.nowait:
             self.reply(methods.unchecked(C.Queue.DeclareOk, queue=q.name, message_count=q.message_count(),
                                       consumer_count=len(q.consumers)))
 
     def on_queue_bind(self, m):
+        access.queue_binding(self, m)
         q = self._queue_named(m.queue)
         self.vhost.bind_queue(q, m.exchange, m.routing_key, m.arguments)
         if not m.nowait:
             self.reply(C.Queue.BindOk())
 
     def on_queue_unbind(self, m):
+        access.queue_binding(self, m)
         # RabbitMQ: unbinding is idempotent (a missing queue, exchange or binding is fine) and does
         # not check exclusive ownership.
         q = self.vhost.queues.get(m.queue or self.last_queue or "")
@@ -182,12 +190,14 @@ class Channel:
         self.reply(C.Queue.UnbindOk())
 
     def on_queue_purge(self, m):
+        access.queue_read(self, m)
         q = self._queue_named(m.queue)
         count = q.purge()
         if not m.nowait:
             self.reply(C.Queue.PurgeOk(message_count=count))
 
     def on_queue_delete(self, m):
+        access.queue_configure(self, m)
         name = m.queue or self.last_queue or ""
         q = self.vhost.queues.get(name)
         if q is None:
@@ -214,6 +224,7 @@ class Channel:
         self._redispatch()
 
     def on_basic_consume(self, m):
+        access.queue_read(self, m)
         q = self._queue_named(m.queue)
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         if tag in self.consumers:
@@ -237,6 +248,7 @@ class Channel:
             self.reply(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
     def on_basic_get(self, m):
+        access.queue_read(self, m)
         q = self._queue_named(m.queue)
         core = self.conn.core
         q.last_used = core.now()
@@ -417,6 +429,7 @@ class Channel:
 
     def publish(self, exchange: str, routing_key: str, mandatory: bool, header: bytes, body: bytes):
         vhost = self.vhost
+        access.publish_exchange(self, exchange)
         x = vhost.exchanges.get(exchange)
         if x is None:
             raise replies.AMQPError(replies.NOT_FOUND, f"no exchange '{exchange}' in vhost '{vhost.name}'",
@@ -426,6 +439,7 @@ class Channel:
                 replies.ACCESS_REFUSED,
                 f"cannot publish to internal exchange '{exchange}' in vhost '{vhost.name}'",
                 hard=False, class_id=60, method_id=40)
+        access.publish_topic(self, x, routing_key)
         m = Message(exchange, routing_key, header, body)
         props = m.read_properties()
         cc = ()
@@ -478,7 +492,7 @@ class Channel:
                 raise replies.AMQPError(replies.PRECONDITION_FAILED, f"invalid expiration '{text}'",
                                         hard=False, class_id=60, method_id=40) from None
             m.ttl = ttl
-        if "user_id" in props and props["user_id"] != self.conn.user:
+        if "user_id" in props and props["user_id"] != self.conn.user and not access.impersonator(self.conn):
             raise replies.AMQPError(
                 replies.PRECONDITION_FAILED,
                 f"user_id property set to '{props['user_id']}' but authenticated user was "

@@ -6,15 +6,28 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 
-from . import limits
+from . import access, limits
 
 
 @dataclass
 class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 0                                    # 0: an ephemeral port, chosen at start
-    users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    # Users: name -> password (a string, kept in memory only as a salted hash), or name -> a table with
+    # `password` or `password_hash` (as `rabbitmqctl hash_password` prints it; `hashing_algorithm` defaults
+    # to rabbit_password_hashing_sha256) and `tags` (e.g. ["impersonator"]).
+    users: dict[str, str | dict] = field(default_factory=lambda: {"guest": "guest"})
     vhosts: tuple[str, ...] = ("/",)
+    # user -> vhost -> [configure, write, read] regular expressions (or a table with those keys), as
+    # `rabbitmqctl set_permissions`. None (and no topic_permissions, no definitions): every user may do
+    # everything on every vhost.
+    permissions: dict[str, dict] | None = None
+    # user -> vhost -> exchange -> [write, read] regular expressions, as `rabbitmqctl set_topic_permissions`.
+    topic_permissions: dict[str, dict] | None = None
+    # Users that may log in only from a loopback address (RabbitMQ's loopback_users).
+    loopback_users: tuple[str, ...] = ("guest",)
+    # RabbitMQ's definitions file (export_definitions JSON), a path or an already-parsed dict.
+    definitions: str | dict | None = None
     heartbeat: int = limits.DEFAULT_HEARTBEAT        # seconds offered in connection.tune
     frame_max: int = limits.DEFAULT_FRAME_MAX
     channel_max: int = limits.DEFAULT_CHANNEL_MAX
@@ -42,10 +55,68 @@ class BrokerConfig:
             raise ValueError(f"channel_max must be 1..65535, got {self.channel_max}")
         if self.heartbeat < 0:
             raise ValueError(f"heartbeat must be >= 0 seconds, got {self.heartbeat}")
-        if not self.users:
-            raise ValueError("at least one user is required")
-        self.vhosts = tuple(self.vhosts)
+        self._check_access()
         self._check_tls()
+
+    def _check_access(self) -> None:
+        """Users, vhosts, permissions and definitions, checked here so that a bad entry fails at start with
+        its key named (never a password). The result is kept in `access` and `loaded_definitions`."""
+        from . import definitions
+        if not isinstance(self.users, dict):
+            raise ValueError(f"users must be a table of name = password (or name = {{...}}), "
+                             f"got {type(self.users).__name__}")
+        if isinstance(self.vhosts, str) or not all(isinstance(v, str) and v for v in self.vhosts):
+            raise ValueError(f"vhosts must be a list of non-empty names, got {self.vhosts!r}")
+        self.vhosts = tuple(self.vhosts)
+        if isinstance(self.loopback_users, str) or not all(isinstance(u, str) for u in self.loopback_users):
+            raise ValueError(f"loopback_users must be a list of user names, got {self.loopback_users!r}")
+        self.loopback_users = tuple(self.loopback_users)
+        users = {name: access.make_user(name, spec) for name, spec in self.users.items()}
+        defs = definitions.parse(self.definitions) if self.definitions is not None else None
+        self.loaded_definitions = defs
+        vhosts = list(self.vhosts)
+        perms, topics = {}, {}
+        if defs is not None:
+            users.update(defs.users)
+            vhosts += [v for v in defs.vhosts if v not in vhosts]
+            perms.update(defs.permissions)
+            topics.update(defs.topic_permissions)
+        if not users:
+            raise ValueError("at least one user is required")
+        self.all_vhosts = tuple(vhosts)
+        for user, per_vhost in (self.permissions or {}).items():
+            for vhost, spec in self._table(per_vhost, f"permissions.{user}").items():
+                perms[(user, vhost)] = access.parse_permission(spec, f"permissions.{user}.{vhost}")
+        for user, per_vhost in (self.topic_permissions or {}).items():
+            for vhost, per_x in self._table(per_vhost, f"topic_permissions.{user}").items():
+                for x, spec in self._table(per_x, f"topic_permissions.{user}.{vhost}").items():
+                    topics[(user, vhost, x)] = access.parse_topic_permission(
+                        spec, f"topic_permissions.{user}.{vhost}.{x}")
+        for key in [*perms, *topics]:
+            kind = "permissions" if len(key) == 2 else "topic_permissions"
+            if key[0] not in users:
+                raise ValueError(f"{kind}: no such user {key[0]!r} (users: {sorted(users)})")
+            if key[1] not in vhosts:
+                raise ValueError(f"{kind}.{key[0]}: no such vhost {key[1]!r} (vhosts: {vhosts})")
+        open_vhosts = self.permissions is None and self.topic_permissions is None and defs is None
+        self.access = access.AccessControl(users, perms, topics, self.loopback_users, open_vhosts)
+
+    @staticmethod
+    def _table(value, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be a table, got {value!r}")
+        return value
+
+    def plain_credentials(self) -> tuple[str, str]:
+        """The first user configured with a plain password (for URLs); ValueError when every user is
+        configured by hash only (a URL then needs the password, which the broker does not know)."""
+        for name, spec in self.users.items():
+            password = spec if isinstance(spec, str) else \
+                spec.get("password") if isinstance(spec, dict) else None
+            # a user the definitions file redefined (another password) is of no use in a URL
+            if isinstance(password, str) and self.access.users[name].check(password):
+                return name, password
+        raise ValueError("no user has a plain password (only password hashes): build the URL yourself")
 
     def _check_tls(self) -> None:
         """Errors name the key (and the file), never a file's contents."""
@@ -90,7 +161,9 @@ class BrokerConfig:
 
     @classmethod
     def from_toml(cls, path: str, **overrides) -> "BrokerConfig":
-        """Read `[broker]` keys and a `[users]` table (name = password) from a TOML file."""
+        """Read `[broker]` keys, a `[users]` table (name = password, or name = {password_hash, tags}),
+        `[permissions]` (user -> vhost -> [configure, write, read]) and `[topic_permissions]`
+        (user -> vhost -> exchange -> [write, read]) from a TOML file."""
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
         known = {f.name for f in fields(cls)}
@@ -99,6 +172,13 @@ class BrokerConfig:
         if unknown:
             raise ValueError(f"{path}: unknown [broker] keys {sorted(unknown)}; allowed: {sorted(known)}")
         if "users" in doc:
-            values["users"] = {str(k): str(v) for k, v in doc["users"].items()}
+            values["users"] = {str(k): v if isinstance(v, dict) else str(v) for k, v in doc["users"].items()}
+        for table in ("permissions", "topic_permissions"):
+            if table in doc:
+                values[table] = doc[table]
+        unknown_tables = set(doc) - {"broker", "users", "permissions", "topic_permissions"}
+        if unknown_tables:
+            raise ValueError(f"{path}: unknown tables {sorted(unknown_tables)}; allowed: [broker], [users], "
+                             "[permissions], [topic_permissions]")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

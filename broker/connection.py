@@ -411,15 +411,13 @@ class Connection:
             self.closed = True  # RabbitMQ closes the socket on an unknown mechanism, no frame
             return
         user, password = self._credentials(m.mechanism, m.response)
-        if user is None or self.core.users.get(user) != password:
-            # As RabbitMQ logs it ("PLAIN login refused: user 'x' - invalid credentials"): the peer and
-            # the user, never the password.
-            if user is None:
-                log.warning("%s login refused on AMQP connection %s: malformed response (no user name)",
-                            _shown(m.mechanism), self.peer)
-            else:
-                log.warning("%s login refused on AMQP connection %s: user '%s' - invalid credentials",
-                            _shown(m.mechanism), self.peer, _shown(user))
+        refused = "malformed response (no user name)" if user is None else \
+            self.core.access.login_refused(user, password, self.peer)
+        if refused:
+            # As RabbitMQ logs it ("PLAIN login refused: user 'x' - invalid credentials", or "user 'guest'
+            # can only connect via localhost"): the peer and the user, never the password.
+            log.warning("%s login refused on AMQP connection %s: %s", _shown(m.mechanism), self.peer,
+                        _shown(refused))
             if not self.capabilities.get("authentication_failure_close"):
                 # Without the capability the spec's only signal is a closed socket (RabbitMQ does so).
                 self.closed = True
@@ -474,10 +472,15 @@ class Connection:
 
     def _on_open(self, m) -> None:
         vhost = self.core.vhosts.get(m.virtual_host)
-        if vhost is None:
-            log.warning("access to vhost '%s' refused for user '%s' on AMQP connection %s: no such vhost",
-                        _shown(m.virtual_host), _shown(self.user), self.peer)
-            exc = replies.connection_error(replies.NOT_ALLOWED, f"vhost {m.virtual_host} not found")
+        if not self.core.access.vhost_allowed(self.user, m.virtual_host, vhost is not None):
+            # RabbitMQ 3.10 (observed): 530 either way, "vhost v not found" for a vhost that does not exist,
+            # "access to vhost 'v' refused for user 'u'" for one the user has no permissions on.
+            log.warning("access to vhost '%s' refused for user '%s' on AMQP connection %s%s",
+                        _shown(m.virtual_host), _shown(self.user), self.peer,
+                        "" if vhost is not None else ": no such vhost")
+            exc = replies.connection_error(
+                replies.NOT_ALLOWED, f"vhost {m.virtual_host} not found" if vhost is None else
+                f"access to vhost '{m.virtual_host}' refused for user '{self.user}'")
             exc.logged = True
             raise exc
         limit = self.core.config.max_connections

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from . import definitions
 from .config import BrokerConfig
 from .vhost import VirtualHost
 
@@ -20,14 +21,17 @@ class BrokerCore:
         self.config = config
         self.clock = clock
         self.wall_clock = wall_clock
-        self.users = dict(config.users)
-        self.vhosts = {name: VirtualHost(self, name) for name in config.vhosts}
+        self.access = config.access                     # users, permissions (access.AccessControl)
+        self.vhosts = {name: VirtualHost(self, name) for name in config.all_vhosts}
+        self.definitions_skipped: list[str] = []        # what a definitions file held that we do not support
         self.connections: set = set()
         self.dirty: set = set()          # connections with output to write
         self.to_dispatch: dict = {}      # queues that may be able to deliver (insertion-ordered set)
         self.timed_queues: set = set()   # queues with x-expires or messages carrying a deadline
         self.queued_bytes = 0
         self.alarm = False
+        if config.loaded_definitions is not None:
+            definitions.apply_topology(self, config.loaded_definitions)
 
     def now(self) -> float:
         """Milliseconds on the monotonic clock."""

@@ -15,8 +15,9 @@ class Broker:
         with Broker(port=0) as b:
             b.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
 
-    Keyword arguments are those of `BrokerConfig` (users, heartbeat, frame_max, channel_max,
-    max_message_size, max_connections, memory_high_watermark, ...), and for a TLS listener beside the
+    Keyword arguments are those of `BrokerConfig` (users, vhosts, permissions, topic_permissions,
+    loopback_users, definitions, heartbeat, frame_max, channel_max, max_message_size, max_connections,
+    memory_high_watermark, ...), and for a TLS listener beside the
     plain one: tls_port (0 = ephemeral), tls_cert, tls_key (PEM paths), tls_ca and tls_verify_peer:
 
         with Broker(port=0, tls_port=0, tls_cert="server.pem", tls_key="server.key") as b:
@@ -45,7 +46,7 @@ class Broker:
 
     @property
     def url(self) -> str:
-        user, password = next(iter(self.config.users.items()))
+        user, password = self.config.plain_credentials()
         return f"amqp://{user}:{password}@{self.host}:{self.port}/%2F"
 
     @property
@@ -67,7 +68,7 @@ class Broker:
         port = self.tls_port
         if port is None:
             raise RuntimeError("the broker has no TLS listener: start it with tls_port (and tls_cert, tls_key)")
-        user, password = next(iter(self.config.users.items()))
+        user, password = self.config.plain_credentials()
         host = "localhost" if self.host in _LOCAL_HOSTS else self.host
         if ":" in host:
             host = f"[{host}]"

@@ -58,7 +58,7 @@ class VirtualHost:
             # Redeclaring a pre-declared amq.* exchange equivalently is allowed; creating one is not.
             raise replies.channel_error(
                 replies.ACCESS_REFUSED,
-                f"{_rs_exchange(name, self.name)} contains reserved prefix 'amq.*'")
+                f"exchange name '{name}' contains reserved prefix 'amq.*'")     # rabbit_channel:check_name
         cls = EXCHANGE_TYPES.get(type_)
         if cls is None:
             # RabbitMQ raises an unknown exchange type as a connection error (rabbit_exchange:check_type).
@@ -89,7 +89,7 @@ class VirtualHost:
             raise replies.channel_error(
                 replies.ACCESS_REFUSED,
                 "operation not permitted on the default exchange" if name == "" else
-                f"{_rs_exchange(name, self.name)} contains reserved prefix 'amq.*'")
+                f"deletion of system {_rs_exchange(name, self.name)} not allowed")   # check_exchange_deletion
         x = self.exchanges.get(name)
         if x is None:
             return  # RabbitMQ: deleting an exchange that does not exist succeeds
@@ -148,18 +148,19 @@ class VirtualHost:
                 "originally declared on another connection or the exclusive property value does not "
                 "match that of the original declaration.")
 
-    def declare_queue(self, name, passive, durable, exclusive, auto_delete, arguments, conn) -> Queue:
+    def declare_queue(self, name, passive, durable, exclusive, auto_delete, arguments, conn,
+                      server_name=None) -> Queue:
         now = self.core.now()
         if passive:
             q = self.get_queue(name, conn)
             q.last_used = now
             return q
         if not name:
-            name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+            name = server_name or "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
             raise replies.channel_error(
                 replies.ACCESS_REFUSED,
-                f"{_rs_queue(name, self.name)} contains reserved prefix 'amq.*'")
+                f"queue name '{name}' contains reserved prefix 'amq.*'")
         owner = conn if exclusive else None
         q = self.queues.get(name)
         if q is not None:

@@ -9,6 +9,7 @@ dropped TCP connection, as a network cut).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 from typing import Any, Callable, Sequence
@@ -147,3 +148,50 @@ class RabbitTLSNode:
         subprocess.run(["rabbitmqctl", "-n", self.node, "stop"], env=self.env, capture_output=True,
                        timeout=60, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ RabbitMQ definitions
+
+
+def rabbitmq_definitions(vhosts, users) -> dict:
+    """RabbitMQ's ``export_definitions`` cut down to some vhosts and users (the shared RabbitMQ holds other
+    tests' too). Exported to standard output: the node cannot write into pytest's private directories."""
+    import json
+
+    doc = json.loads(rabbitmqctl("export_definitions", "-", "--format", "json"))
+    out = {}
+    for key, items in doc.items():
+        if not isinstance(items, list):
+            out[key] = items
+        elif key == "users":
+            out[key] = [u for u in items if u["name"] in users]
+        elif key == "vhosts":
+            out[key] = [v for v in items if v["name"] in vhosts]
+        elif key in ("permissions", "topic_permissions"):
+            out[key] = [p for p in items if p["vhost"] in vhosts and p["user"] in users]
+        else:
+            out[key] = [i for i in items if i.get("vhost") in vhosts]
+    return out
+
+
+@contextlib.contextmanager
+def rabbitmq_setup(vhost: str, users: Sequence[str], setup: Callable[[], None], fallback: dict):
+    """The definitions a differential test starts the embedded broker with: when RabbitMQ is reachable, add
+    `vhost` there, run `setup()` (rabbitmqctl users, permissions, AMQP declares...), and yield RabbitMQ's own
+    export cut down to `vhost` and `users`, with True; the vhost and users are deleted afterwards. Without
+    RabbitMQ, yield `fallback` (the same setup written in the export's format) and False."""
+    from conftest import rabbitmq_reachable
+
+    if not rabbitmq_reachable():
+        yield fallback, False
+        return
+    try:
+        rabbitmqctl("add_vhost", vhost)
+        setup()
+        yield rabbitmq_definitions({vhost}, set(users)), True
+    finally:
+        for args in (("delete_vhost", vhost), *(("delete_user", u) for u in users if u != "guest")):
+            try:
+                rabbitmqctl(*args)
+            except RuntimeError:
+                pass    # never created (setup failed first)
