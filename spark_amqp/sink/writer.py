@@ -10,8 +10,8 @@ Where each method runs (PySpark 4.3, as for `pyspark.sql.datasource`):
   one connection with publisher confirms and returns a `SinkCommitMessage` only once the broker confirmed
   every one of them (`publisher.TaskPublisher`).
 - `commit` / `abort`: on the driver, after all tasks succeeded / after one failed. Publishing cannot be
-  undone, so both only log; `abort` says how many messages the successful tasks had already published
-  (they stay published: delivery is at-least-once).
+  undone, so both only log; `abort` says how many tasks completed and how many confirmed messages they
+  published (they stay published: delivery is at-least-once); a failed task's own error gives its counts.
 
 Arrow or rows: the writers take pyarrow RecordBatches (`DataSourceArrowWriter`,
 `DataSourceStreamArrowWriter`), which PySpark hands over without building a `Row` per record; columns are
@@ -87,6 +87,18 @@ def _total(messages) -> tuple[int, int]:
     return len(done), sum(m.published for m in done)
 
 
+def _log_abort(what: str, messages) -> None:
+    """Driver: the abort line. Spark hands `abort` the commit messages of the tasks that completed only (None
+    for the others), so what a failed or cancelled task published is not known here: that task's own error
+    says it ("N message(s) published in this task, M of them confirmed")."""
+    tasks, published = _total(messages)
+    others = len(messages) - tasks
+    log.warning("amqp sink: %s aborted: %d of %d task(s) completed, publishing %d confirmed message(s), which "
+                "stay published; the other %d task(s) failed or were cancelled: a failed task's error says how "
+                "many messages it published and how many of them were confirmed (those stay published too)",
+                what, tasks, len(messages), published, others)
+
+
 class _Base:
     """Shared by the four writer classes: checked options + column plan, and the task body."""
 
@@ -122,9 +134,7 @@ class _BatchBase(_Base):
 
     def abort(self, messages: List[Optional[WriterCommitMessage]]) -> None:
         """Driver: a task failed. What the other tasks published stays published (at-least-once)."""
-        tasks, published = _total(messages)
-        log.warning("amqp sink: write %s aborted; %d task(s) had already published %d confirmed message(s), "
-                    "which stay published", self.write_id, tasks, published)
+        _log_abort(f"write {self.write_id}", messages)
 
 
 class _StreamBase(_Base):
@@ -137,9 +147,7 @@ class _StreamBase(_Base):
 
     def abort(self, messages: List[Optional[WriterCommitMessage]], batchId: int) -> None:
         """Driver: a task of micro-batch `batchId` failed; what was published stays published."""
-        tasks, published = _total(messages)
-        log.warning("amqp sink: batch %d aborted; %d task(s) had already published %d confirmed message(s), "
-                    "which stay published", batchId, tasks, published)
+        _log_abort(f"batch {batchId}", messages)
 
 
 class AMQPWriter(_BatchBase, DataSourceArrowWriter):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
                       ConsumerCancelledError)
-from ..client.uri import redact
+from ..client.uri import parse_uri, redact
 from ..options import connect_kwargs
 
 log = logging.getLogger("spark_amqp.source")
@@ -30,10 +30,17 @@ PREFETCH_MAX = 65535
 # holds at most 200,000 deliveries (about 60 MB of 100-byte messages), whatever the backlog.
 DEFAULT_PREFETCH = 200000
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+# Seconds to wait for the close-ok of a connection that is being replaced after a loss.
+ABANDON_TIMEOUT = 0.5
 
 
 class SourceError(RuntimeError):
     """A problem the user must fix (missing queue, refused credentials, unreachable broker)."""
+
+
+class QueueMissingError(SourceError):
+    """A queue to read is not there (404). At the start and after a reconnect alike this fails the query:
+    retrying would run empty batches for ever (a deleted queue, or a broker restarted without it)."""
 
 
 @dataclass
@@ -98,9 +105,10 @@ class QueueConsumer:
         except ChannelClosedError as exc:
             self.close()
             if exc.reply_code == 404:
-                raise SourceError(
-                    f"queue or exchange not found on {redact(uri)}: {exc.reply_text} (declare it first, "
-                    "or set option declare=declare)") from None
+                raise QueueMissingError(
+                    f"queue or exchange not found on {redact(uri)} (vhost '{parse_uri(uri).vhost}', "
+                    f"queue(s) {', '.join(q.name for q in self.queues)}): {exc.reply_text} (declare it "
+                    "first, or set option declare=declare)") from None
             raise SourceError(f"cannot consume from {self.options['queue']} on {redact(uri)}: {exc}") from None
         self._failures = 0
 
@@ -145,9 +153,13 @@ class QueueConsumer:
         now = time.monotonic()
         if now < self._next_attempt:
             return False
-        self.close()
+        # A connection being replaced is broken: waiting for its close-ok (up to 5 s, and 5 s more for its
+        # reader thread) would stall the trigger whenever the peer takes our bytes and never answers.
+        self.close(timeout=ABANDON_TIMEOUT)
         try:
             self.connect(consume=self.consuming)
+        except QueueMissingError:
+            raise
         except (SourceError, AMQPError, OSError) as exc:
             delay = RECONNECT_BACKOFF[min(self._failures, len(RECONNECT_BACKOFF) - 1)]
             self._failures += 1
@@ -157,10 +169,11 @@ class QueueConsumer:
         log.info("AMQP source: connected to %s", redact(self.options["uri"]))
         return True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the connection, waiting up to `timeout` s for the broker's close-ok (the query's stop)."""
         if self.conn is not None:
             try:
-                self.conn.close()
+                self.conn.close(timeout)
             except Exception:
                 pass
         self.conn = None

@@ -77,8 +77,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
-        state = type(self)(self.options).__dict__
-        return dict(state)
+        return dict(type(self)(self.options).__dict__)
 
     # --- driver ------------------------------------------------------------------------------------
 

@@ -15,7 +15,9 @@ def test_max_messages_per_trigger_bounds_each_batch(spark, env, tmp_path):
     query = (stream(spark, env.url, q, maxMessagesPerTrigger=10).writeStream.foreachBatch(sink)
              .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="200 milliseconds")
              .start())
-    wait_until(lambda: len(sink.rows) >= 25 or query.exception(), 60, interval=0.1, message="25 rows")
+    # The progress of a batch is reported after its rows reached the sink: wait for the progress.
+    wait_until(lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 25 or query.exception(), 60,
+               interval=0.1, message="25 rows in the query's progress")
     query.stop()
     assert query.exception() is None
     sizes = [p["numInputRows"] for p in query.recentProgress]

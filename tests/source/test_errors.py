@@ -176,3 +176,21 @@ def test_a_bad_option_fails_load_itself_with_a_short_message(spark, secret_broke
     assert "maxoffsetspertrigger" in text.lower() and "Did you mean 'maxMessagesPerTrigger'?" in text, text
     assert len(text) < 1200, f"{len(text)} characters:\n{text}"
     _secret_free(text)
+
+
+def test_a_queue_deleted_under_a_running_query_fails_it_naming_queue_and_vhost(spark, env, tmp_path):
+    """The broker cancels the consumer; the source reconnects and finds the queue gone: that fails the query
+    (with declare=passive, the default) instead of running empty batches for ever."""
+    from source_helpers import Collector
+
+    q = env.queue("deleted")
+    env.publish(q, ["before"])
+    sink = Collector()
+    query = (stream(spark, env.url, q).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="200 milliseconds")
+             .start())
+    wait_until(lambda: sink.rows or query.exception(), 60, interval=0.1, message="the first row")
+    env.channel().queue_delete(q)
+    wait_until(lambda: not query.isActive, 30, interval=0.2, message="the query to fail")
+    text = str(query.exception())
+    assert q in text and "vhost '/'" in text and "not found" in text, text[:2000]
