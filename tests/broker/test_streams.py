@@ -19,6 +19,9 @@ import time
 import pika
 import pika.exceptions
 import pytest
+from spark_amqp_broker.stream import with_offset_header
+
+from spark_amqp.codec import fields, frames, properties
 
 from helpers import safe_close
 from support import Env
@@ -481,6 +484,7 @@ def test_segment_roll_leaves_an_offset_gap(streams):
     assert [b for _o, b in got] == bodies
     assert streams.read(name, 3, expect=4) == got[3:]
     wait_until(lambda: message_count(streams, name) == 9, timeout=10, message="message_count 9")
+    time.sleep(0.3)   # let RabbitMQ's retention evaluations (run on every roll) finish before the delete
 
 
 def test_retention_by_max_length_bytes_removes_whole_segments(streams):
@@ -517,3 +521,26 @@ def test_retention_by_max_age_on_segment_roll(streams):
     wait_until(lambda: streams.read(name, "first", expect=1, quiet=0.2) == [(4, bodies[3])], timeout=10,
                message="retention by age to remove the first segment")
     time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------ the header, byte by byte
+
+
+@pytest.mark.parametrize("props", [
+    {},
+    {"content_type": "text/plain", "content_encoding": "gzip", "priority": 4},
+    {"content_encoding": "gzip", "headers": {"a": "b", "n": 7}, "message_id": "m"},
+    {"headers": {"x-stream-offset": "mine", "z": 1}, "timestamp": 1_700_000_000},
+])
+def test_offset_header_injected_into_raw_content_header(props):
+    """with_offset_header walks only to the headers table: every other property and the body size stay as
+    published, an x-stream-offset the publisher set is replaced (rabbit_basic:add_header)."""
+    header = frames.content_header(123, properties.encode(props))
+    out = with_offset_header(header, 2**40 + 5)
+    assert frames.decode_content_header(out) == (60, 123)
+    got = properties.decode(out[12:])
+    got["headers"] = fields.decode_table(got["headers"])
+    want = properties.decode(header[12:])
+    want["headers"] = {**(props.get("headers") or {}), "x-stream-offset": 2**40 + 5}
+    assert got == want
+    assert out[:12] == header[:12]
