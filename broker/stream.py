@@ -324,8 +324,8 @@ class StreamQueue:
         where = rs(self.name, self.vhost.name)
         for key in STREAM_ARGS:
             have, want = self.arguments.get(key), arguments.get(key)
-            if _text(have) == _text(want) and type(have) is type(want):
-                continue
+            if _text(have) == _text(want) and isinstance(have, bool) == isinstance(want, bool):
+                continue   # one type class for all integers, longstr and binary alike (type_class/1)
             if have is not None and want is not None:
                 detail = f"received '{_text(want)}' but current is '{_text(have)}'"
             else:
