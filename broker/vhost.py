@@ -309,6 +309,10 @@ class VirtualHost:
             if reason != "rejected" and not any(r == "rejected" for _, r in deaths):
                 targets = [t for t in targets if not any(qn == t.name for qn, _ in deaths)]
             for t in targets:
+                if t.is_stream:
+                    # RabbitMQ 3.10 dead-letters with stateless queue states, which its streams drop
+                    # (rabbit_stream_queue:deliver/2: "TODO what do we do with stateless?").
+                    continue
                 if t.would_reject(len(dm.body)):
                     continue
                 t.enqueue(dm.copy() if len(targets) > 1 else dm, now)

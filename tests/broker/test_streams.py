@@ -461,6 +461,28 @@ def test_delete_cancels_consumers_and_counts_zero(streams):
     assert ch.is_open
 
 
+def test_exchange_routed_messages_append_but_dead_letters_are_dropped(streams):
+    """A stream bound to an exchange takes what it routes; a classic queue's dead letters routed to it are
+    dropped: RabbitMQ 3.10 dead-letters with stateless queue states, which its streams ignore
+    (rabbit_stream_queue:deliver/2, "TODO what do we do with stateless?")."""
+    name = streams.declare()
+    x = streams.exchange("fanout")
+    admin = streams.admin()
+    admin.queue_bind(name, x)
+    q = streams.queue(arguments={"x-dead-letter-exchange": x})
+    admin.basic_publish("", q, b"dead")
+    ch = streams.connect().channel()
+    method, _props, _body = ch.basic_get(q)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.queue_declare(q, passive=True)   # a round trip after the reject
+    admin.basic_publish(x, "rk", b"routed")
+    reader, got = streams.consume(name, "first")
+    pump(reader, lambda: got)
+    reader.connection.process_data_events(0.5)
+    assert [(o, b, m.exchange, m.routing_key) for o, b, m, _p in got] == [(0, b"routed", x, "rk")]
+    assert got[0][3].headers == {"x-stream-offset": 0}
+
+
 # ------------------------------------------------------------------------------ segments, retention
 
 # 1000-byte bodies, 2500-byte segments: three one-message chunks fill a segment on both brokers (RabbitMQ
