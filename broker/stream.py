@@ -7,10 +7,10 @@ and what a 0-9-1 client can see of osiris is modelled here, in memory:
   that arrived together (osiris' writer writes one chunk per batch it takes from its mailbox; here one chunk
   per socket read of the broker, sealed when the core runs dispatch after the read). Every message has an
   offset: the first message is offset 0, messages of a chunk are contiguous.
-- Before a chunk is written, a segment whose size (file header + chunks) has reached
-  `x-stream-max-segment-size-bytes` is closed and a new one opened; osiris then first writes a *writer
-  tracking snapshot* chunk (one offset that no consumer ever sees: the gaps a client sees after a roll),
-  and evaluates retention, which removes whole old segments only, never the active one:
+- Before a chunk is written (or a consumer attaches: osiris' writer checks on every batch of commands it
+  handles), a segment whose size (file header + chunks) has reached `x-stream-max-segment-size-bytes` is
+  closed and a new one opened; osiris then first writes a *writer tracking snapshot* chunk (one offset
+  that no consumer ever sees: the gaps a client sees after a roll), and evaluates retention, which removes whole old segments only, never the active one:
   `x-max-length-bytes` keeps the newest segments whose sizes fit, `x-max-age` removes segments whose last
   chunk is older than the age. Without a roll nothing is removed.
 - A consumer reads from its own position (`x-stream-offset`: first, last = the start of the last chunk,
