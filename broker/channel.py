@@ -16,6 +16,7 @@ from spark_amqp.codec import fields, frames, methods, properties, replies
 
 from . import access
 from .message import Message
+from .stream import Crash
 
 # AMQP field-type tags as RabbitMQ names them in error texts.
 _FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "long", b"t": "bool",
@@ -171,7 +172,7 @@ class Channel:
         self.last_queue = q.name
         if not m.nowait:
             self.reply(methods.unchecked(C.Queue.DeclareOk, queue=q.name, message_count=q.message_count(),
-                                      consumer_count=len(q.consumers)))
+                                      consumer_count=0 if q.is_stream else len(q.consumers)))
 
     def on_queue_bind(self, m):
         access.queue_binding(self, m)
@@ -229,7 +230,9 @@ class Channel:
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         if tag in self.consumers:
             raise replies.connection_error(replies.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        if q.exclusive_consumer is not None or (m.exclusive and q.consumers):
+        if q.is_stream:
+            q.check_consume(self, m)   # RabbitMQ's stream rules (prefetch, offsets); exclusive is ignored
+        elif q.exclusive_consumer is not None or (m.exclusive and q.consumers):
             raise replies.channel_error(
                 replies.ACCESS_REFUSED, f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
         consumer = Consumer(tag, q, self, m.no_ack, m.exclusive, self.prefetch_consumer, m.arguments)
@@ -277,13 +280,20 @@ class Channel:
     def on_basic_recover(self, m):
         if not m.requeue:
             raise replies.connection_error(replies.NOT_IMPLEMENTED, "requeue=false")
+        self._check_recover()
         self.requeue_all()
         self.reply(C.Basic.RecoverOk())
 
     def on_basic_recoverasync(self, m):
         if not m.requeue:
             raise replies.connection_error(replies.NOT_IMPLEMENTED, "requeue=false")
+        self._check_recover()
         self.requeue_all()
+
+    def _check_recover(self):
+        """RabbitMQ 3.10 crashes the channel (541) requeueing unacked stream deliveries."""
+        if any(q.is_stream for _m, q, _c in self.unacked.values()):
+            raise Crash()
 
     def on_basic_publish(self, m):
         self.start_publish(m.exchange, m.routing_key, m.mandatory, m.immediate)
@@ -344,6 +354,10 @@ class Channel:
                 if t > tag:
                     break
                 tags.append(t)
+        if outcome != "ack":
+            for t in tags:
+                if unacked[t][1].is_stream:
+                    raise unacked[t][1].settle_refused()
         if self.transactional:
             # Spec 1.9: acks in a transaction take effect at commit; RabbitMQ keeps them unsettled but
             # counted, so the tags cannot be settled twice inside the transaction.

@@ -6,7 +6,7 @@ permissions, topic permissions, exchanges, queues, bindings) into their tests un
 What the broker does not support is never dropped silently: each such item is named in a WARNING log line
 (`broker.definitions` logger) and kept in `BrokerCore.definitions_skipped`: policies, parameters,
 global_parameters, user and vhost limits, users whose hashing_algorithm is unknown, queues or exchanges the
-broker refuses (e.g. a quorum or stream queue, an unknown exchange type: the warning carries the broker's
+broker refuses (e.g. a quorum queue, an unknown exchange type: the warning carries the broker's
 reason), bindings whose source or destination was skipped, and unknown top-level keys. A file that is not
 a definitions document (not JSON, a list where a list of objects belongs, a permission without its
 expressions) is an error naming the file and the entry.

@@ -188,6 +188,8 @@ def _merge_at_head(items: deque, msgs: list[Message]) -> None:
 
 
 class Queue:
+    is_stream = False
+
     def __init__(self, vhost, name: str, durable: bool, exclusive_owner, auto_delete: bool,
                  arguments: dict, now: float):
         self.vhost = vhost
