@@ -41,12 +41,20 @@ class AMQPDataSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema):
+        options = opts.parse(self.options, "source")
+        if options["queueType"] == "stream":
+            from .source.streams import StreamModeReader
+            return StreamModeReader(options)
         from .source.stream_reader import QueueStreamReader
-        return QueueStreamReader(opts.parse(self.options, "source"))
+        return QueueStreamReader(options)
 
     def reader(self, schema):
+        options = opts.parse(self.options, "source")
+        if options["queueType"] == "stream":
+            from .source.streams import StreamBatchReader
+            return StreamBatchReader(options)
         from .source.batch_reader import QueueBatchReader
-        return QueueBatchReader(opts.parse(self.options, "source"))
+        return QueueBatchReader(options)
 
     def writer(self, schema, overwrite: bool):
         from .sink.writer import AMQPWriter

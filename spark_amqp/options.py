@@ -75,6 +75,32 @@ def _names(name, value):
     return names
 
 
+def _stream_offsets(name, value):
+    """`earliest`, `latest`, or a JSON object of stream name -> offset (Kafka's -2 = earliest, -1 = latest)."""
+    text = str(value).strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not doc or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= -2 for v in doc.values()):
+        raise OptionError(name, value, 'expected earliest, latest, or a JSON object of stream -> offset, '
+                                       'e.g. {"events": 1200} (-2: earliest, -1: latest)')
+    return doc
+
+
+def _timestamp_ms(name, value):
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise OptionError(name, value, "expected milliseconds since the epoch (UTC)") from None
+    if n < 0:
+        raise OptionError(name, value, "expected milliseconds since the epoch (UTC)")
+    return n
+
+
 def _keys(name, value):
     return [k.strip() for k in str(value).split(",")]
 
@@ -164,7 +190,23 @@ OPTIONS = (
            "Source: most messages in one micro-batch (default: no limit beyond prefetch). PySpark 4.2+ "
            "applies it as a read limit; on 4.0 and 4.1 the source applies it itself."),
     Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),
-           "Source: `classic` and `quorum` consume with acks; `stream` is not implemented yet."),
+           "Source: `classic` and `quorum` consume with acks (queue mode); `stream` reads stream queues by "
+           "offset ranges on executors (stream mode: nothing is acked or removed)."),
+    Option("startingOffsets", "source", None, _stream_offsets,
+           "Stream mode: where a new query (or a batch read) starts: `earliest`, `latest`, or JSON per stream "
+           "`{\"events\": 1200}` (-2 earliest, -1 latest). Default: `latest` for a stream query, `earliest` "
+           "for a batch read. A query restarted from its checkpoint continues from there."),
+    Option("startingTimestamp", "source", None, _timestamp_ms,
+           "Stream mode: start every stream at its first message stored at or after this time (ms since the "
+           "epoch; the broker resolves it in whole seconds). Takes precedence over startingOffsets."),
+    Option("endingOffsets", "source", None, _stream_offsets,
+           "Stream mode, batch read: where to stop (exclusive): `latest` (default) or JSON per stream."),
+    Option("failOnDataLoss", "source", True, _bool,
+           "Stream mode: fail when retention removed offsets the query still had to read (default); "
+           "`false`: log what was skipped and continue from the first offset still there."),
+    Option("minPartitions", "source", None, _positive_int,
+           "Stream mode: split the offset ranges of a batch into at least this many partitions "
+           "(default: one per stream with new messages)."),
     Option("ack", "source", False, _bool,
            "Batch read (`spark.read`): ack what was read once the read completes (default: return it to the queue)."),
     Option("maxMessages", "source", None, _positive_int,
@@ -306,8 +348,17 @@ def parse(options, role: str) -> Options:
     if role == "source":
         if not out.get("queue"):
             raise OptionError("queue", None, "required: the queue(s) to consume")
+        stream_only = ("startingOffsets", "startingTimestamp", "endingOffsets", "minPartitions")
+        given = [n for n in stream_only if out.get(n) is not None] + \
+            (["failOnDataLoss"] if out.get("failOnDataLoss") is False else [])
+        if out["queueType"] != "stream" and given:
+            raise OptionError(given[0], "…", "applies to stream queues only: set queueType=stream")
         if out["queueType"] == "stream":
-            raise OptionError("queueType", "stream", "stream queues are not supported yet; use classic or quorum")
+            for n in ("startingOffsets", "endingOffsets"):
+                unknown = sorted(set(out[n]) - set(out["queue"])) if isinstance(out.get(n), dict) else []
+                if unknown:
+                    raise OptionError(n, json.dumps(out[n]), f"names {', '.join(unknown)}, which the option "
+                                      f"'queue' does not list ({', '.join(out['queue'])})")
         if out.get("bindingKeys") is not None and not out.get("exchange"):
             raise OptionError("bindingKeys", ",".join(out["bindingKeys"]), "needs the option 'exchange'")
     return out

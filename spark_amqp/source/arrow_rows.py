@@ -16,8 +16,10 @@ from ..schema import ARROW_SCHEMA, PROPERTY_COLUMNS
 _EMPTY: dict = {}
 
 
-def to_record_batch(deliveries_by_queue: list[tuple[str, list]]) -> pa.RecordBatch:
-    """One record batch from [(queue name, [Delivery, ...]), ...], rows in that order."""
+def to_record_batch(deliveries_by_queue: list[tuple[str, list]],
+                    stream_offsets: list[int] | None = None) -> pa.RecordBatch:
+    """One record batch from [(queue name, [Delivery, ...]), ...], rows in that order; `stream_offsets`,
+    one per row, fills the `stream_offset` column (stream mode; null in queue mode)."""
     bodies, exchanges, keys, queues, tags, redelivered = [], [], [], [], [], []
     decoded = []
     cache: dict[bytes, dict] = {}
@@ -42,9 +44,10 @@ def to_record_batch(deliveries_by_queue: list[tuple[str, list]]) -> pa.RecordBat
         "exchange": pa.array(exchanges, pa.string()),
         "routing_key": pa.array(keys, pa.string()),
         "queue": pa.array(queues, pa.string()),
-        "delivery_tag": pa.array(tags, pa.int64()),
+        # Stream mode: no tag (nothing is acked on a row's behalf, and a re-read must give the same rows).
+        "delivery_tag": pa.array(tags, pa.int64()) if stream_offsets is None else pa.nulls(n, pa.int64()),
         "redelivered": pa.array(redelivered, pa.bool_()),
-        "stream_offset": pa.nulls(n, pa.int64()),
+        "stream_offset": pa.nulls(n, pa.int64()) if stream_offsets is None else pa.array(stream_offsets, pa.int64()),
     }
     for name in PROPERTY_COLUMNS:
         field = ARROW_SCHEMA.field(name)

@@ -85,6 +85,13 @@ class Env:
         self._declared.append(name)
         return name
 
+    def stream(self, prefix: str = "stream", **arguments) -> str:
+        """Declare a fresh stream queue (durable, as streams must be; deleted after the test)."""
+        name = self._unique(prefix)
+        self.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "stream", **arguments})
+        self._declared.append(name)
+        return name
+
     def publish(self, queue: str, bodies, properties=None, exchange: str = "") -> None:
         """Publish each body to `queue` (through `exchange`, routing key = queue), confirmed."""
         ch = self.channel()

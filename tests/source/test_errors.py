@@ -51,7 +51,9 @@ def _secret_free(text: str) -> None:
     ({"prefetch": "-5"}, ["'prefetch'", "-5", "positive integer"]),
     ({"prefetch": "0"}, ["'prefetch'", "positive integer"]),
     ({"maxMessagesPerTrigger": "lots"}, ["'maxMessagesPerTrigger'", "lots", "positive integer"]),
-    ({"queueType": "stream"}, ["'queueType'", "stream"]),
+    ({"startingOffsets": "earliest"}, ["'startingOffsets'", "queueType=stream"]),
+    ({"queueType": "stream", "startingOffsets": "first"}, ["'startingOffsets'", "first", "earliest", "latest"]),
+    ({"queueType": "stream", "startingOffsets": '{"other": 5}'}, ["'startingOffsets'", "other", "events"]),
     ({"queueType": "fancy"}, ["'queueType'", "fancy", "classic", "quorum"]),
     ({"declare": "maybe"}, ["'declare'", "maybe", "none", "passive", "declare"]),
     ({"queueArguments": "[1, 2]"}, ["'queueArguments'", "JSON object"]),
@@ -59,8 +61,8 @@ def _secret_free(text: str) -> None:
     ({"queue": None}, ["'queue'", "required"]),
     ({"queue": "a,a"}, ["'queue'", "twice"]),
 ], ids=["unknown", "uri-scheme", "uri-port", "prefetch-negative", "prefetch-zero", "maxMessagesPerTrigger",
-        "queueType-stream", "queueType-unknown", "declare", "queueArguments", "bindingKeys-without-exchange",
-        "queue-missing", "queue-twice"])
+        "startingOffsets-queue-mode", "startingOffsets-bad", "startingOffsets-unknown-stream", "queueType-unknown",
+        "declare", "queueArguments", "bindingKeys-without-exchange", "queue-missing", "queue-twice"])
 def test_bad_option_fails_at_start_naming_it(spark, secret_broker, tmp_path, options, must_mention):
     opts = {"uri": secret_broker.secret_url, "queue": "events", **options}
     opts = {k: v for k, v in opts.items() if v is not None}

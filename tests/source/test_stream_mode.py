@@ -1,0 +1,123 @@
+"""Stream mode (queueType=stream): offsets are the streams' own, ranges are read on executors, and a batch
+re-run after a restart reads the same rows; nothing is acked or removed. Against both brokers."""
+
+from __future__ import annotations
+
+import time
+
+from source_helpers import Collector, checkpoint, needs_admission_control, run_available_now, stream
+from waiting import wait_until
+
+
+def _rows_of(sink) -> list[tuple[str, int, bytes]]:
+    return [(r.queue, r.stream_offset, bytes(r.body)) for r in sink.rows]
+
+
+def test_stream_query_reads_from_earliest_in_bounded_batches_and_continues_after_a_restart(spark, env, tmp_path):
+    s = env.stream()
+    env.publish(s, [f"m{i}" for i in range(30)])
+    chk = checkpoint(tmp_path)
+
+    def start(sink):
+        return (stream(spark, env.url, s, queueType="stream", startingOffsets="earliest", maxMessagesPerTrigger=10)
+                .writeStream.foreachBatch(sink).option("checkpointLocation", chk)
+                .trigger(processingTime="200 milliseconds").start())
+
+    first = Collector()
+    query = start(first)
+    wait_until(lambda: len(first.rows) >= 30 or query.exception(), 60, interval=0.1, message="30 rows")
+    query.stop()
+    assert query.exception() is None
+    assert _rows_of(first) == [(s, i, f"m{i}".encode()) for i in range(30)]
+    assert max(len(rows) for rows in first.batches.values()) <= 10
+    assert not any(r.redelivered for r in first.rows)
+
+    # Nothing was removed: the stream still holds all 30. The restarted query re-runs the batch the stop
+    # interrupted before its commit (if any) with exactly the same rows, then reads only what is new.
+    env.publish(s, [f"n{i}" for i in range(7)])
+    second = Collector()
+    query = start(second)
+    wait_until(lambda: any(b"n6" == bytes(r.body) for r in second.rows) or query.exception(), 60, interval=0.1,
+               message="the 7 new rows")
+    time.sleep(1.0)   # a few more triggers: nothing more may come
+    query.stop()
+    replayed = [b for b in second.batches if b in first.batches]
+    for batch_id in replayed:
+        assert second.batches[batch_id] == first.batches[batch_id], f"batch {batch_id} re-ran with other rows"
+    new = [r for b in sorted(second.batches) if b not in first.batches for r in second.batches[b]]
+    assert [(r.stream_offset, bytes(r.body)) for r in new] == [(30 + i, f"n{i}".encode()) for i in range(7)]
+
+
+def test_latest_start_reads_only_what_is_published_after_the_query_started(spark, env, tmp_path):
+    s = env.stream()
+    env.publish(s, [f"old{i}" for i in range(5)])
+    sink = Collector()
+    query = (stream(spark, env.url, s, queueType="stream").writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime="200 milliseconds").start())
+    wait_until(lambda: query.recentProgress or query.exception(), 60, interval=0.1, message="a first trigger")
+    env.publish(s, [f"new{i}" for i in range(5)])
+    wait_until(lambda: len(sink.rows) >= 5 or query.exception(), 60, interval=0.1, message="5 rows")
+    query.stop()
+    assert [bytes(r.body) for r in sink.rows] == [f"new{i}".encode() for i in range(5)]
+
+
+def test_two_streams_in_one_query_with_per_stream_starting_offsets(spark, env, tmp_path):
+    a, b = env.stream("a"), env.stream("b")
+    env.publish(a, [f"a{i}" for i in range(10)])
+    env.publish(b, [f"b{i}" for i in range(10)])
+    sink = Collector()
+    run_available_now(lambda: stream(spark, env.url, f"{a},{b}", queueType="stream",
+                                     startingOffsets=f'{{"{a}": 4, "{b}": -2}}').writeStream.foreachBatch(sink)
+                      .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    got = sorted(_rows_of(sink))
+    assert got == sorted([(a, i, f"a{i}".encode()) for i in range(4, 10)] +
+                         [(b, i, f"b{i}".encode()) for i in range(10)])
+
+
+@needs_admission_control
+def test_available_now_reads_to_the_end_the_run_started_with(spark, env, tmp_path):
+    s = env.stream()
+    env.publish(s, [f"m{i}" for i in range(25)])
+    sink = Collector()
+    query = (stream(spark, env.url, s, queueType="stream", startingOffsets="earliest", maxMessagesPerTrigger=10)
+             .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(60)
+    assert query.exception() is None
+    assert [r.stream_offset for r in sink.rows] == list(range(25))
+    assert sorted(len(rows) for rows in sink.batches.values() if rows) == [5, 10, 10]
+
+
+def test_batch_read_of_an_offset_range_in_parallel_partitions(spark, env):
+    s = env.stream()
+    env.publish(s, [f"m{i}" for i in range(40)])
+    df = (spark.read.format("amqp").option("uri", env.url).option("queue", s).option("queueType", "stream")
+          .option("startingOffsets", f'{{"{s}": 5}}').option("endingOffsets", f'{{"{s}": 35}}')
+          .option("minPartitions", "3").load())
+    assert df.rdd.getNumPartitions() == 3
+    rows = sorted((r.stream_offset, bytes(r.body)) for r in df.collect())
+    assert rows == [(i, f"m{i}".encode()) for i in range(5, 35)]
+    # Read twice, the same rows: nothing was consumed away.
+    again = (spark.read.format("amqp").option("uri", env.url).option("queue", s).option("queueType", "stream")
+             .load())
+    assert sorted(r.stream_offset for r in again.collect()) == list(range(40))
+
+
+def test_starting_timestamp_starts_at_the_first_message_stored_since(spark, env):
+    s = env.stream()
+    env.publish(s, [f"before{i}" for i in range(5)])
+    time.sleep(1.2 - time.time() % 1.0)          # into the next whole second (AMQP timestamps are seconds)
+    since = int(time.time()) * 1000
+    env.publish(s, [f"after{i}" for i in range(5)])
+    df = (spark.read.format("amqp").option("uri", env.url).option("queue", s).option("queueType", "stream")
+          .option("startingTimestamp", str(since)).load())
+    assert sorted(bytes(r.body) for r in df.collect()) == sorted(f"after{i}".encode() for i in range(5))
+
+
+def test_the_sink_writes_to_a_stream_and_the_source_reads_it_back(spark, env):
+    s = env.stream()
+    out = spark.range(20, numPartitions=2).selectExpr("CAST(id AS STRING) AS body")
+    out.write.format("amqp").option("uri", env.url).option("routingKey", s).mode("append").save()
+    df = (spark.read.format("amqp").option("uri", env.url).option("queue", s).option("queueType", "stream")
+          .load())
+    assert sorted(int(bytes(r.body)) for r in df.collect()) == list(range(20))
