@@ -121,3 +121,38 @@ def test_the_sink_writes_to_a_stream_and_the_source_reads_it_back(spark, env):
     df = (spark.read.format("amqp").option("uri", env.url).option("queue", s).option("queueType", "stream")
           .load())
     assert sorted(int(bytes(r.body)) for r in df.collect()) == list(range(20))
+
+
+def test_offsets_removed_by_retention_fail_the_read_or_are_skipped_with_fail_on_data_loss_false(spark, env):
+    from spark_amqp import options as opts
+    from spark_amqp.source.streams import StreamLog
+
+    # 1000-byte bodies in 2500-byte segments: three messages a segment on both brokers; retention keeps
+    # about two segments and removes whole segments when one rolls (RabbitMQ: shortly after).
+    s = env.stream(**{"x-max-length-bytes": 5000, "x-stream-max-segment-size-bytes": 2500})
+    env.publish(s, [f"{i:04d}".encode() * 250 for i in range(30)])
+    stream_log = StreamLog(opts.parse({"uri": env.url, "queue": s, "queueType": "stream"}, "source"))
+    try:
+        wait_until(lambda: (stream_log.firsts()[s] or 0) > 1, 30, interval=0.5, message="retention to run")
+        first = stream_log.firsts()[s]
+    finally:
+        stream_log.close()
+
+    def read(**extra):
+        reader = (spark.read.format("amqp").option("uri", env.url).option("queue", s)
+                  .option("queueType", "stream").option("startingOffsets", f'{{"{s}": 0}}'))
+        for k, v in extra.items():
+            reader = reader.option(k, v)
+        return reader.load().collect()
+
+    try:
+        read()
+        raise AssertionError("reading offsets removed by retention did not fail")
+    except Exception as exc:
+        text = str(exc)
+        assert f"stream '{s}'" in text and "are gone" in text and "failOnDataLoss=false" in text, text[-2000:]
+
+    rows = read(failOnDataLoss="false")
+    offsets = sorted(r.stream_offset for r in rows)
+    assert offsets and offsets[0] == first, (offsets[:3], first)
+    assert bytes(rows[-1].body)[:4] == b"0029"
