@@ -43,7 +43,13 @@ class AMQPDataSource(DataSource):
     def streamReader(self, schema):
         options = opts.parse(self.options, "source")
         if options["queueType"] == "stream":
+            from .source.stream_reader import ADMISSION_CONTROL
             from .source.streams import StreamModeReader
+            if not ADMISSION_CONTROL:
+                import pyspark
+                raise ValueError(f"amqp: option 'queueType': got 'stream'; reading a stream queue as a stream "
+                                 f"needs PySpark 4.2 or newer (this is {pyspark.__version__}); "
+                                 "spark.read (a batch read of offset ranges) works here")
             return StreamModeReader(options)
         from .source.stream_reader import QueueStreamReader
         return QueueStreamReader(options)

@@ -30,10 +30,10 @@ from ..client.uri import redact
 from ..options import connect_kwargs
 from . import arrow_rows
 
-try:   # PySpark >= 4.2
+try:   # PySpark >= 4.2: streaming stream mode needs its admission control (datasource.streamReader)
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
     _READER_BASES: tuple = (DataSourceStreamReader, SupportsTriggerAvailableNow)
-except ImportError:   # PySpark 4.0 / 4.1: no read limits, no availableNow hook
+except ImportError:   # PySpark 4.0 / 4.1: batch reads of streams only
     ReadAllAvailable = ReadMaxRows = None
     _READER_BASES = (DataSourceStreamReader,)
 
@@ -248,19 +248,18 @@ def _check_loss(options, part: StreamRange, first: int) -> None:
 
 
 class StreamModeReader(*_READER_BASES):
-    """`spark.readStream.format("amqp").option("queueType", "stream")`. Offsets are the streams' own;
-    `latestOffset(start, limit)` (PySpark >= 4.2; 4.0/4.1 call it with neither) returns where each stream
-    ends now, bounded by `maxMessagesPerTrigger` and, under availableNow, by the ends at the run's start."""
+    """`spark.readStream.format("amqp").option("queueType", "stream")` (PySpark >= 4.2). Offsets are the
+    streams' own; `latestOffset(start, limit)` returns where each stream ends now, bounded by
+    `maxMessagesPerTrigger` and, under availableNow, by the ends at the run's start."""
 
     def __init__(self, options):
         self.options = options
         self._log: StreamLog | None = None
         self._until: dict | None = None     # availableNow: the ends when the run started
-        self._last: dict | None = None      # the last end returned (PySpark 4.0/4.1 pass no start)
 
     def __getstate__(self):
         """Executors get the options only: the driver's connection stays on the driver."""
-        return {"options": self.options, "_log": None, "_until": None, "_last": None}
+        return {"options": self.options, "_log": None, "_until": None}
 
     def _driver(self) -> StreamLog:
         if self._log is None:
@@ -280,13 +279,12 @@ class StreamModeReader(*_READER_BASES):
         tails = self._driver().tails()
         self._until = {s: t for s, t in tails.items() if t is not None}
 
-    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+    def latestOffset(self, start: dict, limit) -> dict:
         """Driver, every trigger: where the next batch ends per stream."""
-        start = start if start is not None else self._last
         tails = self._driver().tails()
         end = {}
         for s in self.options["queue"]:
-            begin = (start or {}).get(s)
+            begin = start.get(s)
             tail = tails.get(s)
             if self._until is not None and tail is not None:
                 tail = min(tail, self._until.get(s, tail))
@@ -294,12 +292,8 @@ class StreamModeReader(*_READER_BASES):
                 end[s] = begin if begin is not None else 0
             else:
                 end[s] = tail if begin is None else max(begin, tail)
-        max_rows = getattr(limit, "max_rows", None) if limit is not None \
-            else self.options.get("maxMessagesPerTrigger")
-        if max_rows and start is not None:
-            end = _bounded(start, end, max_rows)
-        self._last = end
-        return end
+        max_rows = getattr(limit, "max_rows", None)
+        return _bounded(start, end, max_rows) if max_rows else end
 
     def partitions(self, start: dict, end: dict):
         """Driver. The batch's ranges; the rows are read by the executors."""
