@@ -602,3 +602,39 @@ def test_embedded_only_memory_watermark_blocks_and_unblocks_publishers(unique_na
         finally:
             safe_close(pub)
             safe_close(admin)
+
+
+def test_embedded_only_memory_watermark_does_not_flap(unique_name):
+    """A publisher that heeds connection.blocked, and a consumer that drains slower than it publishes,
+    keep the queue around the watermark for 4 s. The alarm is decided once a second on the broker's clock
+    (as RabbitMQ's vm_memory_monitor), so the publisher sees a handful of blocked/unblocked frames; checked
+    per message, as it once was, it saw hundreds (568 in 15 s)."""
+    from spark_amqp_broker import Broker
+
+    with Broker(port=0, memory_high_watermark=64 * 1024) as b:
+        events: list[str] = []
+        pub = pika_connect(b.url)
+        con = pika_connect(b.url)
+        try:
+            pub.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
+            pub.add_on_connection_unblocked_callback(lambda _c, _m: events.append("unblocked"))
+            pch, cch = pub.channel(), con.channel()
+            q = unique_name("q")
+            pch.queue_declare(q)
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:
+                if not events or events[-1] == "unblocked":
+                    for _ in range(3):
+                        pch.basic_publish("", q, b"x" * 2_000)
+                for _ in range(1 if not events or events[-1] == "unblocked" else 20):
+                    if cch.basic_get(q, auto_ack=True)[0] is None:
+                        break
+                pub.process_data_events(time_limit=0.005)
+            assert "blocked" in events, "the publisher never went over the watermark"
+            assert len(events) <= 10, events
+            for first, second in zip(events, events[1:]):
+                assert first != second, events     # strictly alternating
+            cch.queue_delete(q)
+        finally:
+            safe_close(pub)
+            safe_close(con)

@@ -703,3 +703,72 @@ def test_x_death_time_is_the_injected_wall_clock(driver):
     assert body == b"second"
     assert headers["x-death"][0]["time"] == datetime.datetime.fromtimestamp(
         int(WALL_TIME + 3600.9), tz=datetime.UTC)
+
+
+# ---------------------------------------------------------- 5. the memory alarm runs on the clock
+
+
+def _blocked_frames(frames_: list[Frame]) -> list[str]:
+    return [f.name for f in frames_ if f.name in ("Connection.Blocked", "Connection.Unblocked")]
+
+
+def test_memory_alarm_is_checked_on_the_clock_not_per_message():
+    """The watermark is checked every MEMORY_CHECK_INTERVAL on the broker's clock (RabbitMQ's
+    vm_memory_monitor polls each second), so crossing it back and forth between two checks sends nothing,
+    and a publisher above it is blocked at the next check, once."""
+    d = Driver(BrokerConfig(memory_high_watermark=1000))
+    assert d.core.config.memory_limit == 1000
+    c = d.connect()
+    c.handshake()
+    c.open_channel(1)
+    c.declare(1, "q")
+    out = []
+    for _ in range(5):                       # 5 x 500 bytes: well over the watermark...
+        out += c.send(c.publish_bytes(1, "q", b"x" * 500)[0])
+    assert _blocked_frames(out) == []        # ...but no check has run yet
+    d.tick(limits.MEMORY_CHECK_INTERVAL / 2)
+    assert _blocked_frames(c.frames()) == [] and not d.core.alarm
+    d.tick(limits.MEMORY_CHECK_INTERVAL / 2)
+    assert _blocked_frames(c.frames()) == ["Connection.Blocked"] and d.core.alarm
+    assert c.conn.reading_paused             # the server stops reading this publisher's socket
+    for _ in range(3):                       # further checks while still above: nothing more
+        d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(c.frames()) == []
+    c.rpc(1, C.Queue.Purge(queue="q"), expect=C.Queue.PurgeOk)
+    assert d.core.queued_bytes == 0
+    assert _blocked_frames(c.frames()) == []  # purged, but the alarm waits for the clock
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(c.frames()) == ["Connection.Unblocked"] and not c.conn.reading_paused
+    # Above and back below between two checks (a consumer keeping up): no frame at all.
+    c.send(c.publish_bytes(1, "q", b"x" * 2000)[0])
+    c.rpc(1, C.Queue.Purge(queue="q"), expect=C.Queue.PurgeOk)
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(c.frames()) == [] and not d.core.alarm
+
+
+def test_memory_alarm_spares_connections_that_do_not_publish():
+    d = Driver(BrokerConfig(memory_high_watermark=1000))
+    pub, idle = d.connect(), d.connect()
+    pub.handshake()
+    idle.handshake()
+    pub.open_channel(1)
+    pub.declare(1, "q")
+    pub.send(pub.publish_bytes(1, "q", b"x" * 2000)[0])
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(pub.frames()) == ["Connection.Blocked"]
+    assert _blocked_frames(idle.frames()) == [] and not idle.conn.reading_paused
+
+
+def test_memory_high_watermark_default_and_forms(monkeypatch):
+    from spark_amqp_broker import config as config_module
+    monkeypatch.setattr(config_module, "total_memory", lambda: 10_000)
+    assert BrokerConfig().memory_limit == 4000                    # 0.4 of total memory, as RabbitMQ 3.10
+    assert BrokerConfig(memory_high_watermark=0.5).memory_limit == 5000
+    assert BrokerConfig(memory_high_watermark="0.25").memory_limit == 2500
+    assert BrokerConfig(memory_high_watermark=123456).memory_limit == 123456
+    assert BrokerConfig(memory_high_watermark="123456").memory_limit == 123456
+    for off in ("off", None, False):
+        assert BrokerConfig(memory_high_watermark=off).memory_limit is None
+    for bad in (0, -1, 1.5, 0.0, "lots", True):
+        with pytest.raises(ValueError, match="memory_high_watermark .*got"):
+            BrokerConfig(memory_high_watermark=bad)
