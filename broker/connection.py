@@ -13,7 +13,6 @@ import logging
 import struct
 
 from pamqp import commands as C
-from pamqp import decode as pamqp_decode
 
 from spark_amqp.codec import fields, frames, methods, properties, replies
 
@@ -445,7 +444,7 @@ class Connection:
         if mechanism == "AMQPLAIN":
             # The response is a field table without its length prefix (RabbitMQ's rabbit_auth_mechanism_amqplain).
             try:
-                table = pamqp_decode.field_table(len(raw).to_bytes(4, "big") + raw)[1]
+                table = fields.decode_table(len(raw).to_bytes(4, "big") + raw)   # depth-checked
             except Exception:
                 return None, None
             login, password = table.get("LOGIN"), table.get("PASSWORD")
