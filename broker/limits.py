@@ -58,3 +58,8 @@ MEMORY_CHECK_INTERVAL = 1.0
 # On shutdown (SIGTERM), seconds the broker waits for clients to answer its connection.close 320
 # CONNECTION_FORCED with close-ok before it drops the remaining sockets.
 SHUTDOWN_GRACE = 2.0
+
+# `Broker.stop()` (the embedded broker, in-process) does what SIGTERM does, with a shorter wait: seconds
+# its clients get to answer connection.close 320 with close-ok. Short because tests stop a broker per test
+# and a client that is not reading (a blocking client between calls) never answers.
+STOP_GRACE = 0.5

@@ -638,3 +638,39 @@ def test_embedded_only_memory_watermark_does_not_flap(unique_name):
         finally:
             safe_close(pub)
             safe_close(con)
+
+
+def test_embedded_only_stop_closes_connections_with_320():
+    """`Broker.stop()` in-process does what SIGTERM does: connection.close 320 CONNECTION_FORCED with
+    RabbitMQ's shutdown text to every open connection, and it waits for the close-ok (pika answers it while
+    it reads), so the client learns why instead of seeing a reset socket."""
+    import threading
+
+    from spark_amqp_broker import Broker
+
+    b = Broker(port=0).start()
+    conn = pika_connect(b.url)
+    closed_by: list = []
+    stopped_in: list[float] = []
+
+    def stop():
+        started = time.monotonic()
+        b.stop()
+        stopped_in.append(time.monotonic() - started)
+
+    stopper = threading.Thread(target=stop)
+    try:
+        conn.channel()
+        stopper.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                conn.process_data_events(time_limit=0.05)
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            closed_by.append((exc.reply_code, exc.reply_text))
+        stopper.join(timeout=10)
+    finally:
+        b.stop()
+        safe_close(conn)
+    assert closed_by == [(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")]
+    assert stopped_in and stopped_in[0] < 0.45, stopped_in   # the close-ok came; no wait for the grace
