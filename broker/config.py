@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 
 from . import access, limits
 
+SSL_CERT_LOGIN_FROM = ("distinguished_name", "common_name")
+
 
 @dataclass
 class BrokerConfig:
@@ -50,6 +52,11 @@ class BrokerConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     tls_verify_peer: bool = False
+    # SASL EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl): a TLS client whose certificate was verified
+    # against tls_ca logs in as the user its certificate names, without a password. Which name, as
+    # RabbitMQ's `ssl_cert_login_from`: "distinguished_name" (RabbitMQ's default: the subject as RFC 4514
+    # text, e.g. "CN=alice,O=example") or "common_name" (the subject's CN).
+    ssl_cert_login_from: str = "distinguished_name"
 
     def __post_init__(self):
         if self.frame_max < limits.FRAME_MIN_SIZE:
@@ -131,6 +138,9 @@ class BrokerConfig:
             if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
                 raise ValueError(f"{key} must be the path of a PEM file, got {type(value).__name__}")
             setattr(self, key, os.fspath(value))
+        if self.ssl_cert_login_from not in SSL_CERT_LOGIN_FROM:
+            raise ValueError(f"ssl_cert_login_from must be one of {', '.join(SSL_CERT_LOGIN_FROM)}, "
+                             f"got {self.ssl_cert_login_from!r}")
         if not isinstance(self.tls_verify_peer, bool):
             raise ValueError(f"tls_verify_peer must be true or false, got {self.tls_verify_peer!r}")
         if self.tls_port is None:
