@@ -14,7 +14,7 @@ logging to a file. Printed at the end: cases, crashes (tracebacks or ERROR lines
 a histogram of the replies, the broker's peak RSS (VmHWM) and whether it still serves a client. Exits
 non-zero on a crash, a 541, a connection left open or a broker that stopped serving.
 
-Run from the repository root (about 10 minutes on 2 cores for 100,000 cases)::
+Run from the repository root (about 2.5 minutes on 2 cores for 100,000 cases)::
 
     python bench/fuzz_broker.py                          # 100,000 cases, seed of the test
     python bench/fuzz_broker.py --cases 5000 --seed 7    # a quick one with another seed
