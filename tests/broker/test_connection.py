@@ -566,17 +566,23 @@ def test_other_connections_unaffected_by_connection_error(broker_url, unique_nam
 # ------------------------------------------------------------------------- embedded only: blocked
 
 
+def watched_publisher(url: str) -> tuple[pika.BlockingConnection, list[str]]:
+    """A pika connection and the list its connection.blocked / unblocked notifications are appended to."""
+    events: list[str] = []
+    conn = pika_connect(url)
+    conn.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
+    conn.add_on_connection_unblocked_callback(lambda _c, _m: events.append("unblocked"))
+    return conn, events
+
+
 def test_embedded_only_memory_watermark_blocks_and_unblocks_publishers(unique_name):
     """Embedded broker only: RabbitMQ's watermark cannot be changed safely from a test here."""
     from spark_amqp_broker import Broker
 
     with Broker(port=0, memory_high_watermark=64 * 1024) as b:
-        events: list[str] = []
-        pub = pika_connect(b.url)
+        pub, events = watched_publisher(b.url)
         admin = pika_connect(b.url)
         try:
-            pub.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
-            pub.add_on_connection_unblocked_callback(lambda _c, _m: events.append("unblocked"))
             pch = pub.channel()
             q = unique_name("q")
             pch.queue_declare(q)
@@ -612,12 +618,9 @@ def test_embedded_only_memory_watermark_does_not_flap(unique_name):
     from spark_amqp_broker import Broker
 
     with Broker(port=0, memory_high_watermark=64 * 1024) as b:
-        events: list[str] = []
-        pub = pika_connect(b.url)
+        pub, events = watched_publisher(b.url)
         con = pika_connect(b.url)
         try:
-            pub.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
-            pub.add_on_connection_unblocked_callback(lambda _c, _m: events.append("unblocked"))
             pch, cch = pub.channel(), con.channel()
             q = unique_name("q")
             pch.queue_declare(q)
