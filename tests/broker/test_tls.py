@@ -697,3 +697,46 @@ def test_distinguished_name_escaping_is_rabbitmqs():
     assert cert_login_name(subject, "distinguished_name") == "CN=\\#x\\ +UID=\\C3\\A9,O=A\\, B\\+C,C=GB"
     assert cert_login_name(subject, "common_name") == "#x "
     assert cert_login_name(((("organizationName", "o"),),), "common_name") is None
+
+
+@pytest.mark.parametrize("target", ["embedded", "rabbitmq"])
+def test_external_user_name_is_rabbitmqs(request, tmp_path, target):
+    """Differential: the name our broker derives from a certificate (subject with characters RFC 4514
+    escapes) is the user RabbitMQ 3.10's rabbitmq_auth_mechanism_ssl logs in as (a second node, verify_peer,
+    ssl_cert_login_from at its default). The user is created under that name on both; pika's
+    ExternalCredentials logs in, and a certificate naming nobody is refused."""
+    from spark_amqp_broker.access import cert_login_name
+
+    if target == "rabbitmq":
+        node = request.getfixturevalue("rabbitmq_external")
+        ca, ca_file = node.ca, node.ca_file
+    else:
+        pki = make_pki(tmp_path)
+        ca, ca_file = pki.ca, pki.ca_file
+    leaf = ca.issue_cert("client", common_name="a, b+c;é", organization_unit_name="#ops ")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "leaf.pem"))
+    subject = ssl._ssl._test_decode_cert(str(tmp_path / "leaf.pem"))["subject"]   # as the broker sees it
+    name = cert_login_name(subject, "distinguished_name")
+    assert name.startswith("CN=a\\, b\\+c\\;\\C3\\A9,OU=\\#ops\\ ,O=trustme"), name
+    nobody = ca.issue_cert("client", common_name="nobody")
+    if target == "rabbitmq":
+        node.ctl("add_user", name, "unused")
+        node.ctl("set_permissions", "-p", "/", name, ".*", ".*", ".*")
+        url, broker = f"amqps://localhost:{node.tls_port}/%2F", None
+    else:
+        broker = external_broker(pki, {name: "unused"}, loopback_users=()).start()
+        url = broker.tls_url
+    try:
+        conn = pika_external(url, client_context(ca_file, client_cert=leaf))
+        try:
+            assert publish_consume(conn, b"external") == b"external"
+        finally:
+            safe_close(conn)
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
+            pika_external(url, client_context(ca_file, client_cert=nobody))
+        assert "ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL" in str(err.value)
+    finally:
+        if broker is not None:
+            broker.stop()
+        else:
+            node.ctl("delete_user", name)
