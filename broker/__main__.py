@@ -20,6 +20,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=None, help="port to listen on (default 5672; 0 = ephemeral)")
     p.add_argument("--user", action="append", metavar="NAME:PASSWORD",
                    help="a user allowed to connect (repeatable; default guest:guest)")
+    p.add_argument("--memory-high-watermark", default=None, metavar="BYTES|FRACTION|off",
+                   help="block publishers above this many bytes of queued message data: a byte count "
+                        "(1073741824), a fraction of total memory (default 0.4, as RabbitMQ) or off")
     tls = p.add_argument_group("TLS (amqps) listener, beside the plain one")
     tls.add_argument("--tls-port", type=int, default=None, metavar="PORT",
                      help="port of the TLS listener (none by default; 5671 is usual; 0 = ephemeral)")
@@ -31,6 +34,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="CA certificates (PEM) that client certificates are verified against")
     tls.add_argument("--tls-verify-peer", action="store_true", default=None,
                      help="refuse TLS clients without a certificate signed by --tls-ca")
+    tls.add_argument("--ssl-cert-login-from", default=None, choices=("distinguished_name", "common_name"),
+                     help="the name a verified client certificate logs in as with SASL EXTERNAL "
+                          "(default distinguished_name, as RabbitMQ)")
     p.add_argument("--data-dir", default=None,
                    help="directory for durable state (persistence is not implemented yet)")
     p.add_argument("--definitions", default=None, metavar="FILE",
@@ -57,7 +63,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
     overrides = {"host": args.host, "port": args.port, "users": users, "data_dir": args.data_dir,
                  "tls_port": args.tls_port, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
                  "tls_ca": args.tls_ca, "tls_verify_peer": args.tls_verify_peer,
-                 "definitions": args.definitions}
+                 "definitions": args.definitions, "memory_high_watermark": args.memory_high_watermark,
+                 "ssl_cert_login_from": args.ssl_cert_login_from}
     if args.config:
         return BrokerConfig.from_toml(args.config, **overrides)
     values = {k: v for k, v in overrides.items() if v is not None}

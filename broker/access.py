@@ -210,6 +210,15 @@ class AccessControl:
             return f"user '{user}' can only connect via localhost"
         return None
 
+    def external_login_refused(self, user: str, peer: str) -> str | None:
+        """SASL EXTERNAL: the TLS layer has authenticated the peer; the user it names must exist (any
+        password, as RabbitMQ's internal backend checks EXTERNAL logins) and loopback_users still apply."""
+        if user not in self.users:
+            return f"user '{user}' - invalid credentials"
+        if user in self.loopback_users and not is_loopback(peer):
+            return f"user '{user}' can only connect via localhost"
+        return None
+
     def vhost_allowed(self, user: str, vhost: str, exists: bool) -> bool:
         return exists and (self.open_vhosts or (user, vhost) in self.permissions)
 
@@ -385,3 +394,49 @@ def _topic(ch, exchange: str, routing_key: str, perm: int) -> None:
 def impersonator(conn) -> bool:
     """A user tagged `impersonator` may set another user's name in the user-id property."""
     return conn.core.access.has_tag(conn.user, "impersonator")
+
+
+# Attribute names as Python's ssl module gives a certificate's subject (getpeercert()) -> the short names
+# RabbitMQ writes in a distinguished name (rabbit_cert_info:format_rdn); others are written as given.
+_RDN_NAMES = {
+    "surname": "SN", "givenName": "GIVENNAME", "initials": "INITIALS",
+    "generationQualifier": "GENERATIONQUALIFIER", "commonName": "CN", "localityName": "L",
+    "stateOrProvinceName": "ST", "organizationName": "O", "organizationalUnitName": "OU", "title": "TITLE",
+    "countryName": "C", "serialNumber": "SERIALNUMBER", "pseudonym": "PSEUDONYM", "domainComponent": "DC",
+    "emailAddress": "EMAILADDRESS", "streetAddress": "STREET", "userId": "UID",
+}
+
+
+def _escape_rdn_value(value: str) -> str:
+    """RabbitMQ's escape_rdn_value (RFC 4514): a leading space or '#', a trailing space and ",+\"\\;<>"
+    are escaped with a backslash; bytes below 32 or from 126 up (every byte of a non-ASCII character's
+    UTF-8) as \\XX."""
+    data = value.encode("utf-8")
+    out = []
+    for i, byte in enumerate(data):
+        c = chr(byte)
+        if i == 0 and c in " #":
+            out.append("\\" + c)
+        elif i == len(data) - 1 and c == " " and i > 0:
+            out.append("\\ ")
+        elif c in '"+,;<>\\':
+            out.append("\\" + c)
+        elif byte < 32 or byte >= 126:
+            out.append(f"\\{byte:02X}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def cert_login_name(subject, mode: str) -> str | None:
+    """The user a verified client certificate logs in as with SASL EXTERNAL, from its subject as Python's
+    ssl module gives it (a tuple of RDNs, each a tuple of (attribute, value) pairs, in certificate order).
+
+    "distinguished_name": RabbitMQ's rabbit_ssl:peer_cert_auth_name(distinguished_name): the RDNs in
+    reverse order joined with ",", the values of a multi-valued RDN joined with "+", e.g.
+    "CN=alice,OU=Testing,O=example". "common_name": the CN values joined with ","; None without a CN."""
+    if mode == "common_name":
+        names = [value for rdn in subject for attr, value in rdn if attr == "commonName"]
+        return ",".join(names) if names else None
+    return ",".join("+".join(f"{_RDN_NAMES.get(attr, attr)}={_escape_rdn_value(value)}" for attr, value in rdn)
+                    for rdn in reversed(subject))

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 
 from . import access, limits
 
+SSL_CERT_LOGIN_FROM = ("distinguished_name", "common_name")
+
 
 @dataclass
 class BrokerConfig:
@@ -34,8 +36,11 @@ class BrokerConfig:
     max_message_size: int = limits.DEFAULT_MAX_MESSAGE_SIZE
     max_connections: int | None = None
     # Bytes of message data (bodies and content headers) held in queues above which publishers are
-    # blocked (connection.blocked), as RabbitMQ's vm_memory_high_watermark does. None: no limit.
-    memory_high_watermark: int | None = None
+    # blocked (connection.blocked), as RabbitMQ's vm_memory_high_watermark does: an int is a byte count
+    # (RabbitMQ's vm_memory_high_watermark.absolute), a float in (0, 1] a fraction of the machine's total
+    # memory (.relative; default 0.4, RabbitMQ 3.10's), "off" (or None, false) no limit. Checked every
+    # MEMORY_CHECK_INTERVAL seconds. The resolved byte count is `memory_limit`.
+    memory_high_watermark: int | float | str | None = limits.DEFAULT_MEMORY_HIGH_WATERMARK
     data_dir: str | None = None
     # TLS (amqps) listener beside the plain one, as RabbitMQ's `listeners.ssl` and `ssl_options`.
     # None: no TLS listener; 0: an ephemeral port. tls_cert / tls_key: the server's certificate chain and
@@ -47,6 +52,11 @@ class BrokerConfig:
     tls_key: str | None = None
     tls_ca: str | None = None
     tls_verify_peer: bool = False
+    # SASL EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl): a TLS client whose certificate was verified
+    # against tls_ca logs in as the user its certificate names, without a password. Which name, as
+    # RabbitMQ's `ssl_cert_login_from`: "distinguished_name" (RabbitMQ's default: the subject as RFC 4514
+    # text, e.g. "CN=alice,O=example") or "common_name" (the subject's CN).
+    ssl_cert_login_from: str = "distinguished_name"
 
     def __post_init__(self):
         if self.frame_max < limits.FRAME_MIN_SIZE:
@@ -57,6 +67,7 @@ class BrokerConfig:
             raise ValueError(f"heartbeat must be >= 0 seconds, got {self.heartbeat}")
         self._check_access()
         self._check_tls()
+        self.memory_limit = memory_limit(self.memory_high_watermark)
 
     def _check_access(self) -> None:
         """Users, vhosts, permissions and definitions, checked here so that a bad entry fails at start with
@@ -127,6 +138,9 @@ class BrokerConfig:
             if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
                 raise ValueError(f"{key} must be the path of a PEM file, got {type(value).__name__}")
             setattr(self, key, os.fspath(value))
+        if self.ssl_cert_login_from not in SSL_CERT_LOGIN_FROM:
+            raise ValueError(f"ssl_cert_login_from must be one of {', '.join(SSL_CERT_LOGIN_FROM)}, "
+                             f"got {self.ssl_cert_login_from!r}")
         if not isinstance(self.tls_verify_peer, bool):
             raise ValueError(f"tls_verify_peer must be true or false, got {self.tls_verify_peer!r}")
         if self.tls_port is None:
@@ -182,3 +196,34 @@ class BrokerConfig:
                              "[permissions], [topic_permissions]")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def total_memory() -> int:
+    """The machine's physical memory in bytes (what RabbitMQ's relative watermark is a fraction of)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_limit(value) -> int | None:
+    """`memory_high_watermark` as bytes (None: no limit). Accepts what the TOML file and the command line
+    can say: an int (bytes), a float fraction of total memory, "off", or those as strings ("0.4")."""
+    shown = f"memory_high_watermark must be a byte count (e.g. 1073741824), a fraction of total memory " \
+            f"in (0, 1] (e.g. 0.4) or \"off\", got {value!r}"
+    if value is None or value is False:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("off", "none", "false"):
+            return None
+        try:
+            value = int(text) if text.isdigit() else float(text)
+        except ValueError:
+            raise ValueError(shown) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(shown)
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(shown)
+        return value
+    if not 0.0 < value <= 1.0:
+        raise ValueError(shown)
+    return int(total_memory() * value)

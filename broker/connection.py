@@ -13,11 +13,10 @@ import logging
 import struct
 
 from pamqp import commands as C
-from pamqp import decode as pamqp_decode
 
 from spark_amqp.codec import fields, frames, methods, properties, replies
 
-from . import limits, state
+from . import access, limits, state
 from .channel import Channel
 
 log = logging.getLogger("broker.connection")
@@ -37,9 +36,14 @@ SERVER_CAPABILITIES = {
 
 
 class Connection:
-    def __init__(self, core, peer: str = ""):
+    """`peer_cert_subject`: the I/O layer's word that this is a TLS connection whose client certificate was
+    verified against tls_ca, as the certificate's subject (Python's ssl form: a tuple of RDNs); None on
+    plain TCP or without a verified certificate. It is what SASL EXTERNAL logs in with."""
+
+    def __init__(self, core, peer: str = "", peer_cert_subject=None):
         self.core = core
         self.peer = peer
+        self.peer_cert_subject = peer_cert_subject
         self.state = state.AWAIT_HEADER
         self._header_buf = b""
         self.reader = frames.FrameReader(core.config.frame_max)
@@ -203,8 +207,16 @@ class Connection:
                 "copyright": "spark-amqp authors", "information": "https://github.com/spark-amqp",
                 "capabilities": SERVER_CAPABILITIES, "cluster_name": "embedded@localhost",
             },
-            mechanisms="PLAIN AMQPLAIN", locales="en_US"))
+            mechanisms=" ".join(self._mechanisms()), locales="en_US"))
         return rest
+
+    def _mechanisms(self) -> tuple[str, ...]:
+        """EXTERNAL only where it can succeed: on a TLS connection with a verified client certificate.
+        (RabbitMQ, with rabbitmq_auth_mechanism_ssl enabled and EXTERNAL in auth_mechanisms, offers it on
+        every TLS connection and refuses a client without a certificate at login; offering it only here
+        keeps clients that pick the first mechanism they know from picking one that must fail.) Last, so
+        that a client choosing from the list by order keeps PLAIN."""
+        return ("PLAIN", "AMQPLAIN", "EXTERNAL") if self.peer_cert_subject is not None else ("PLAIN", "AMQPLAIN")
 
     def _frame(self, ftype: int, channel: int, payload: bytes) -> None:
         if ftype == 1:  # method
@@ -405,14 +417,20 @@ class Connection:
         self.client_properties = m.client_properties or {}
         caps = self.client_properties.get("capabilities") or {}
         self.capabilities = caps if isinstance(caps, dict) else {}
-        if m.mechanism not in ("PLAIN", "AMQPLAIN"):
+        if m.mechanism not in self._mechanisms():
             log.warning("login refused on AMQP connection %s: unknown authentication mechanism '%s'",
                         self.peer, _shown(m.mechanism))
             self.closed = True  # RabbitMQ closes the socket on an unknown mechanism, no frame
             return
-        user, password = self._credentials(m.mechanism, m.response)
-        refused = "malformed response (no user name)" if user is None else \
-            self.core.access.login_refused(user, password, self.peer)
+        if m.mechanism == "EXTERNAL":
+            # The response is ignored (RabbitMQ's rabbit_auth_mechanism_ssl): the certificate names the user.
+            user = access.cert_login_name(self.peer_cert_subject, self.core.config.ssl_cert_login_from)
+            refused = "no name found in the peer certificate" if not user else \
+                self.core.access.external_login_refused(user, self.peer)
+        else:
+            user, password = self._credentials(m.mechanism, m.response)
+            refused = "malformed response (no user name)" if user is None else \
+                self.core.access.login_refused(user, password, self.peer)
         if refused:
             # As RabbitMQ logs it ("PLAIN login refused: user 'x' - invalid credentials", or "user 'guest'
             # can only connect via localhost"): the peer and the user, never the password.
@@ -445,7 +463,7 @@ class Connection:
         if mechanism == "AMQPLAIN":
             # The response is a field table without its length prefix (RabbitMQ's rabbit_auth_mechanism_amqplain).
             try:
-                table = pamqp_decode.field_table(len(raw).to_bytes(4, "big") + raw)[1]
+                table = fields.decode_table(len(raw).to_bytes(4, "big") + raw)   # depth-checked
             except Exception:
                 return None, None
             login, password = table.get("LOGIN"), table.get("PASSWORD")

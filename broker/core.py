@@ -6,11 +6,14 @@ Still sans-I/O: the server calls `run_dispatch()` and `tick()` and drains `dirty
 
 from __future__ import annotations
 
+import logging
 import time
 
-from . import definitions
+from . import definitions, limits
 from .config import BrokerConfig
 from .vhost import VirtualHost
+
+log = logging.getLogger("broker.core")
 
 
 class BrokerCore:
@@ -28,8 +31,9 @@ class BrokerCore:
         self.dirty: set = set()          # connections with output to write
         self.to_dispatch: dict = {}      # queues that may be able to deliver (insertion-ordered set)
         self.timed_queues: set = set()   # queues with x-expires or messages carrying a deadline
-        self.queued_bytes = 0
+        self.queued_bytes = 0            # bytes of message data held in queues: the memory alarm's measure
         self.alarm = False
+        self._next_memory_check = self.now() + limits.MEMORY_CHECK_INTERVAL * 1000
         if config.loaded_definitions is not None:
             definitions.apply_topology(self, config.loaded_definitions)
 
@@ -99,20 +103,35 @@ class BrokerCore:
             conn.tick(now)
             if conn.closed:
                 self.dirty.add(conn)
+        if now >= self._next_memory_check:
+            self._next_memory_check = now + limits.MEMORY_CHECK_INTERVAL * 1000
+            self.check_memory()
 
     # --- memory alarm --------------------------------------------------------------------------
 
     def account(self, delta: int) -> None:
+        """Only counts: the alarm is decided by `check_memory` on the clock. Deciding it here, per message,
+        made a publisher whose consumers keep up toggle connection.blocked/unblocked hundreds of times a
+        second around the watermark."""
         self.queued_bytes += delta
-        limit = self.config.memory_high_watermark
-        if limit is None:
-            return
-        if not self.alarm and self.queued_bytes > limit:
-            self._set_alarm(True)
-        elif self.alarm and self.queued_bytes <= limit:
-            self._set_alarm(False)
+
+    def check_memory(self) -> None:
+        """Set or clear the memory alarm (run every MEMORY_CHECK_INTERVAL, as RabbitMQ's vm_memory_monitor
+        polls): on when more than `memory_limit` bytes of message data are queued, off at or below it."""
+        limit = self.config.memory_limit
+        active = limit is not None and self.queued_bytes > limit
+        if active != self.alarm:
+            self._set_alarm(active)
 
     def _set_alarm(self, active: bool) -> None:
+        limit = self.config.memory_limit
+        if active:
+            log.warning("memory resource limit alarm set: %d bytes of messages queued, above the "
+                        "memory_high_watermark of %s bytes; publishers will be blocked",
+                        self.queued_bytes, limit)
+        else:
+            log.warning("memory resource limit alarm cleared: %d bytes of messages queued (limit %s)",
+                        self.queued_bytes, limit)
         self.alarm = active
         for conn in self.connections:
             conn.on_alarm(active)

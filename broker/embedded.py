@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
+from . import limits
 from .config import BrokerConfig
 from .server import Server
+
+log = logging.getLogger("broker.embedded")
 
 
 class Broker:
@@ -23,7 +27,8 @@ class Broker:
         with Broker(port=0, tls_port=0, tls_cert="server.pem", tls_key="server.key") as b:
             b.tls_url   # amqps://guest:guest@localhost:<tls_port>/%2F
 
-    Both listeners share one broker (the same queues, users and connection limit); `stop()` closes both.
+    Both listeners share one broker (the same queues, users and connection limit); `stop()` closes both,
+    after sending every open connection connection.close 320 CONNECTION_FORCED (see `stop`).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **options):
@@ -115,10 +120,19 @@ class Broker:
             loop.run_until_complete(self._server.stop())
             loop.close()
 
-    def stop(self) -> None:
+    def stop(self, grace: float = limits.STOP_GRACE) -> None:
+        """Close every open connection with connection.close 320 CONNECTION_FORCED "broker forced
+        connection closure with reason 'shutdown'" (as RabbitMQ on shutdown, and as this broker on SIGTERM),
+        wait up to `grace` seconds for the clients' close-ok, then drop what is left and stop the thread.
+        Clients thus learn why their connection ended instead of seeing a reset socket."""
         if self._thread is None:
             return
         if self._loop is not None and self._loop.is_running():
+            future = asyncio.run_coroutine_threadsafe(self._server.shutdown(grace), self._loop)
+            try:
+                future.result(timeout=grace + 10)
+            except Exception:   # the loop is stopped below whatever happened; the sockets are aborted
+                log.exception("embedded broker: shutdown failed")
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._thread = None

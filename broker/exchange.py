@@ -166,9 +166,25 @@ class HeadersExchange(Exchange):
 
 
 def _message_headers(message) -> dict:
+    """The message's headers, each value decoded on its own: a value nested deeper than fields.MAX_DEPTH
+    stays an opaque object that equals no binding value (RabbitMQ decodes any depth; such a value could only
+    match a binding argument as deep), so the message is still routed on its other headers."""
     props = message.read_properties()
     raw = props.get("headers_raw")
-    return fields.decode_table(raw) if raw else {}
+    if not raw:
+        return {}
+    headers = {}
+    for key, value in fields.table_items(raw):
+        try:
+            headers[key] = fields.decode_value(value)
+        except fields.FieldError:
+            if value[:1] not in (b"F", b"A"):
+                raise
+            headers[key] = _TOO_DEEP
+    return headers
+
+
+_TOO_DEEP = object()
 
 
 _X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")

@@ -46,6 +46,20 @@ DISPATCH_BURST = 2000
 # on a full window (RabbitMQ likewise confirms in batches as its queue processes report).
 CONFIRM_DEFER_MAX = 128
 
+# RabbitMQ 3.10's default `vm_memory_high_watermark.relative` (rabbit_memory.hrl,
+# DEFAULT_VM_MEMORY_HIGH_WATERMARK): publishers are blocked once the broker holds more than 0.4 of the
+# machine's total memory. Here the measure is the bytes of message data held in queues (see BrokerCore).
+DEFAULT_MEMORY_HIGH_WATERMARK = 0.4
+
+# Seconds between two memory checks, as RabbitMQ's vm_memory_monitor (DEFAULT_MEMORY_CHECK_INTERVAL,
+# 1000 ms). The alarm is set or cleared only then, never per message, so it cannot flap faster than this.
+MEMORY_CHECK_INTERVAL = 1.0
+
 # On shutdown (SIGTERM), seconds the broker waits for clients to answer its connection.close 320
 # CONNECTION_FORCED with close-ok before it drops the remaining sockets.
 SHUTDOWN_GRACE = 2.0
+
+# `Broker.stop()` (the embedded broker, in-process) does what SIGTERM does, with a shorter wait: seconds
+# its clients get to answer connection.close 320 with close-ok. Short because tests stop a broker per test
+# and a client that is not reading (a blocking client between calls) never answers.
+STOP_GRACE = 0.5

@@ -39,10 +39,16 @@ class AMQPProtocol(asyncio.Protocol):
         # the core (no Connection, no max_connections slot).
         self.transport = transport
         self._fd = transport.get_extra_info("socket").fileno()
-        self._tls = transport.get_extra_info("ssl_object") is not None
+        ssl_object = transport.get_extra_info("ssl_object")
+        self._tls = ssl_object is not None
         transport.set_write_buffer_limits(high=limits.CONNECTION_OUTPUT_HIGH_WATER)
         peer = transport.get_extra_info("peername")
-        self.conn = Connection(self.server.core, peer=f"{peer[0]}:{peer[1]}" if peer else "")
+        # getpeercert() is a dict only for a certificate that was verified (the context has tls_ca);
+        # None (no certificate) or {} (not verified) otherwise. Its subject is what SASL EXTERNAL uses.
+        cert = ssl_object.getpeercert() if ssl_object is not None else None
+        subject = cert.get("subject") if cert else None
+        self.conn = Connection(self.server.core, peer=f"{peer[0]}:{peer[1]}" if peer else "",
+                               peer_cert_subject=subject)
         self.conn.io = self
         self.server.core.connection_made(self.conn)
 

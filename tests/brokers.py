@@ -84,9 +84,13 @@ class RabbitTLSNode:
     The machine's default node (rabbit@localhost, port 5672) is left alone: this one has its own node name,
     ports, config, data and log directories under `workdir`, a certificate for localhost/127.0.0.1 from a
     throw-away CA (trustme), and no plugins. Starting it takes a few seconds; `stop()` stops it.
+
+    `external=True`: client certificates signed by `ca` are verified (verify_peer, not required) and the
+    rabbitmq_auth_mechanism_ssl plugin offers SASL EXTERNAL (auth_mechanisms PLAIN, AMQPLAIN, EXTERNAL;
+    ssl_cert_login_from left at its default, distinguished_name); `ctl(...)` runs rabbitmqctl on the node.
     """
 
-    def __init__(self):
+    def __init__(self, external: bool = False):
         import os
         import shutil
         import tempfile
@@ -97,19 +101,23 @@ class RabbitTLSNode:
         # root runs as the rabbitmq user.
         self.dir = tempfile.mkdtemp(prefix="spark-amqp-rabbitmq-tls-")
         os.chmod(self.dir, 0o755)
-        self.node = f"sparkamqp-tls-{os.getpid()}@localhost"
+        self.node = f"sparkamqp-{'external' if external else 'tls'}-{os.getpid()}@localhost"
         self.tls_port, self.tcp_port, self.dist_port = free_port(), free_port(), free_port()
-        self.ca_file = write_tls_files(self.dir)[1].ca_file     # ca.pem, server.pem, server.key
+        self.ca, files = write_tls_files(self.dir)             # ca.pem, server.pem, server.key
+        self.ca_file = files.ca_file
         with open(f"{self.dir}/rabbitmq.conf", "w") as fh:
             fh.write(f"listeners.tcp.default = 127.0.0.1:{self.tcp_port}\n"
                      f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
                      f"ssl_options.cacertfile = {self.dir}/ca.pem\n"
                      f"ssl_options.certfile = {self.dir}/server.pem\n"
                      f"ssl_options.keyfile = {self.dir}/server.key\n"
-                     "ssl_options.verify = verify_none\n"
+                     f"ssl_options.verify = {'verify_peer' if external else 'verify_none'}\n"
                      "ssl_options.fail_if_no_peer_cert = false\n")
+            if external:
+                fh.write("auth_mechanisms.1 = PLAIN\nauth_mechanisms.2 = AMQPLAIN\n"
+                         "auth_mechanisms.3 = EXTERNAL\n")
         with open(f"{self.dir}/enabled_plugins", "w") as fh:
-            fh.write("[].\n")
+            fh.write("[rabbitmq_auth_mechanism_ssl].\n" if external else "[].\n")
         for sub in ("mnesia", "log"):
             os.makedirs(f"{self.dir}/{sub}", exist_ok=True)
         if os.geteuid() == 0 and shutil.which("chown"):
@@ -141,6 +149,14 @@ class RabbitTLSNode:
         self.stop()
         raise RuntimeError(f"the RabbitMQ TLS node {self.node} did not listen on {self.tls_port} within "
                            f"{timeout:.0f} s (logs in {self.dir}/log)")
+
+    def ctl(self, *args: str) -> str:
+        """rabbitmqctl on this node; RuntimeError with its output when it fails."""
+        done = subprocess.run(["rabbitmqctl", "-n", self.node, *args], env=self.env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
+        return done.stdout
 
     def stop(self) -> None:
         import shutil

@@ -55,6 +55,17 @@ def rabbitmq_url() -> str:
 def rabbitmq_tls():
     """A second RabbitMQ node with a TLS listener (brokers.RabbitTLSNode), started once for the session and
     stopped after it; skips (fails under CI) when RabbitMQ cannot be started here."""
+    yield from _rabbit_tls_node(external=False)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_external():
+    """As rabbitmq_tls, a node that verifies client certificates and offers SASL EXTERNAL
+    (rabbitmq_auth_mechanism_ssl)."""
+    yield from _rabbit_tls_node(external=True)
+
+
+def _rabbit_tls_node(external: bool):
     import shutil
 
     from brokers import RabbitTLSNode
@@ -64,7 +75,7 @@ def rabbitmq_tls():
     if shutil.which("rabbitmq-server") is None:
         reason = "rabbitmq-server is not installed (needed for a second RabbitMQ node with TLS)"
     else:
-        node = RabbitTLSNode()
+        node = RabbitTLSNode(external=external)
         try:
             node.start()
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:

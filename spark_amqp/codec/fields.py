@@ -87,13 +87,73 @@ def table_from_items(items) -> bytes:
     return _u32.pack(len(body)) + body
 
 
+# Deepest nesting of tables and arrays (the outermost counts as 1) decoded into Python values. RabbitMQ
+# has no such limit (it answered declare-ok to 18,000 levels), but pamqp decodes recursively and copies
+# the rest of the buffer at every level: a 128 KiB frame of nested tables took ~124 MB and ended in a
+# RecursionError. At 32 levels pamqp holds at most 32 copies (4 MiB for a 128 KiB frame); real tables
+# (client properties, x-arguments, headers) nest two or three deep.
+MAX_DEPTH = 32
+
+# pamqp also reads a zero type octet as void (seen in the wild).
+_SCAN_FIXED = {**FIXED_SIZES, b"\x00": 0}
+
+
+def check_depth(buf: bytes, pos: int = 0, max_depth: int = MAX_DEPTH) -> None:
+    """Raise FieldError if the field table at `pos` (its 4-byte length) nests tables or arrays deeper than
+    `max_depth`. An iterative scan of the raw bytes that allocates nothing, run before pamqp decodes, so a
+    deep table is refused without the recursion's memory. Bytes that are malformed in any other way pass:
+    pamqp's decoder then says what is wrong, as it did before."""
+    n = len(buf)
+    if pos + 4 > n:
+        return
+    ends = [pos + 4 + _u32.unpack_from(buf, pos)[0]]
+    in_table = [True]
+    pos += 4
+    while ends:
+        end = ends[-1]
+        if pos >= end:
+            if pos > end or end > n:
+                return
+            ends.pop()
+            in_table.pop()
+            continue
+        if pos >= n:
+            return
+        if in_table[-1]:
+            pos += 1 + buf[pos]                  # the field name
+            if pos >= end:
+                return
+        tag = buf[pos:pos + 1]
+        size = _SCAN_FIXED.get(tag)
+        if size is not None:
+            pos += 1 + size
+            continue
+        if tag not in SIZED or pos + 5 > n:
+            return
+        length = _u32.unpack_from(buf, pos + 1)[0]
+        if tag in (b"F", b"A"):
+            if len(ends) >= max_depth:
+                raise FieldError(f"field table nested deeper than {max_depth} levels")
+            ends.append(pos + 5 + length)
+            in_table.append(tag == b"F")
+            pos += 5
+        else:
+            pos += 5 + length
+
+
 def decode_table(raw: bytes) -> dict:
-    """A raw field table (with its length) as a dict of Python values (pamqp's types)."""
+    """A raw field table (with its length) as a dict of Python values (pamqp's types); FieldError if it
+    nests deeper than MAX_DEPTH (see `check_depth`)."""
+    check_depth(raw)
     return pamqp_decode.field_table(raw)[1]
 
 
 def decode_value(raw: bytes):
-    """One raw tagged value (as `table_items` gives it) as a Python value."""
+    """One raw tagged value (as `table_items` gives it) as a Python value; FieldError if it nests deeper
+    than MAX_DEPTH."""
+    if raw[:1] in (b"F", b"A"):
+        # scanned as the only value of a one-entry table, so that arrays are covered too
+        check_depth(_u32.pack(len(raw) + 1) + b"\x00" + raw)
     return pamqp_decode.embedded_value(raw)[1]
 
 

@@ -25,13 +25,14 @@ from typing import Any
 
 from pamqp import commands
 
-from . import replies
+from . import fields, replies
 from .frames import (CONTENT_HEAD as _CONTENT_HEAD, FRAME_BODY, FRAME_END_BYTE, FRAME_HEAD, FRAME_HEADER,
                      FRAME_METHOD, content_frames, content_header)
 
 _CLASS_METHOD = struct.Struct(">HH")
 _TAG_BITS = struct.Struct(">QB")
 _SHORT = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 _ACK_FRAME = struct.Struct(">BHI4sQB")
 
 # class-id/method-id prefixes of the methods on the hot paths (spec: class basic = 60).
@@ -108,11 +109,56 @@ def unmarshal_method(payload: bytes):
     for name, default in _defaults(cls).items():  # unmarshal only sets what the frame carries
         setattr(method, name, default)
     try:
+        _check_table_depth(cls, payload)
+    except fields.FieldError as exc:
+        raise replies.AMQPError(replies.SYNTAX_ERROR, f"cannot decode {cls.name}: {exc}", hard=True,
+                                class_id=class_id, method_id=method_id) from None
+    try:
         method.unmarshal(payload[4:])
     except Exception as exc:  # truncated or malformed arguments: pamqp raises several kinds
         raise replies.AMQPError(replies.SYNTAX_ERROR, f"cannot decode {cls.name}: {exc}", hard=True,
                                 class_id=class_id, method_id=method_id) from None
     return method
+
+
+_ARG_SIZES = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+_TABLE_LAYOUTS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _check_table_depth(cls: type, payload: bytes) -> None:
+    """FieldError if a field-table argument nests deeper than fields.MAX_DEPTH, found by walking the
+    arguments as pamqp will (its argument types, bits packed in octets) without decoding them. Runs before
+    pamqp, whose recursive decoder costs a copy of the frame per level (see fields.MAX_DEPTH). Malformed
+    arguments stop the walk: pamqp reports them."""
+    layout = _TABLE_LAYOUTS.get(cls, ())
+    if layout == ():
+        kinds = tuple(cls.amqp_type(a) for a in cls.__slots__)
+        layout = _TABLE_LAYOUTS[cls] = kinds if "table" in kinds else None
+    if layout is None:
+        return
+    pos, bits, n = 4, 0, len(payload)
+    for kind in layout:
+        if pos >= n:
+            return
+        if kind == "bit":
+            if bits == 0 or bits == 8:
+                pos, bits = pos + 1, 0
+            bits += 1
+            continue
+        if bits:
+            bits = 0
+        if kind in _ARG_SIZES:
+            pos += _ARG_SIZES[kind]
+        elif kind == "shortstr":
+            pos += 1 + payload[pos]
+        elif kind in ("longstr", "table"):
+            if pos + 4 > n:
+                return
+            if kind == "table":
+                fields.check_depth(payload, pos)
+            pos += 4 + _U32.unpack_from(payload, pos)[0]
+        else:
+            return
 
 
 # ------------------------------------------------------------------------------------ short strings

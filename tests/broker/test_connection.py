@@ -566,17 +566,23 @@ def test_other_connections_unaffected_by_connection_error(broker_url, unique_nam
 # ------------------------------------------------------------------------- embedded only: blocked
 
 
+def watched_publisher(url: str) -> tuple[pika.BlockingConnection, list[str]]:
+    """A pika connection and the list its connection.blocked / unblocked notifications are appended to."""
+    events: list[str] = []
+    conn = pika_connect(url)
+    conn.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
+    conn.add_on_connection_unblocked_callback(lambda _c, _m: events.append("unblocked"))
+    return conn, events
+
+
 def test_embedded_only_memory_watermark_blocks_and_unblocks_publishers(unique_name):
     """Embedded broker only: RabbitMQ's watermark cannot be changed safely from a test here."""
     from spark_amqp_broker import Broker
 
     with Broker(port=0, memory_high_watermark=64 * 1024) as b:
-        events: list[str] = []
-        pub = pika_connect(b.url)
+        pub, events = watched_publisher(b.url)
         admin = pika_connect(b.url)
         try:
-            pub.add_on_connection_blocked_callback(lambda _c, _m: events.append("blocked"))
-            pub.add_on_connection_unblocked_callback(lambda _c, _m: events.append("unblocked"))
             pch = pub.channel()
             q = unique_name("q")
             pch.queue_declare(q)
@@ -602,3 +608,72 @@ def test_embedded_only_memory_watermark_blocks_and_unblocks_publishers(unique_na
         finally:
             safe_close(pub)
             safe_close(admin)
+
+
+def test_embedded_only_memory_watermark_does_not_flap(unique_name):
+    """A publisher that heeds connection.blocked, and a consumer that drains slower than it publishes,
+    keep the queue around the watermark for 4 s. The alarm is decided once a second on the broker's clock
+    (as RabbitMQ's vm_memory_monitor), so the publisher sees a handful of blocked/unblocked frames; checked
+    per message, as it once was, it saw hundreds (568 in 15 s)."""
+    from spark_amqp_broker import Broker
+
+    with Broker(port=0, memory_high_watermark=64 * 1024) as b:
+        pub, events = watched_publisher(b.url)
+        con = pika_connect(b.url)
+        try:
+            pch, cch = pub.channel(), con.channel()
+            q = unique_name("q")
+            pch.queue_declare(q)
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:
+                if not events or events[-1] == "unblocked":
+                    for _ in range(3):
+                        pch.basic_publish("", q, b"x" * 2_000)
+                for _ in range(1 if not events or events[-1] == "unblocked" else 20):
+                    if cch.basic_get(q, auto_ack=True)[0] is None:
+                        break
+                pub.process_data_events(time_limit=0.005)
+            assert "blocked" in events, "the publisher never went over the watermark"
+            assert len(events) <= 10, events
+            for first, second in zip(events, events[1:]):
+                assert first != second, events     # strictly alternating
+            cch.queue_delete(q)
+        finally:
+            safe_close(pub)
+            safe_close(con)
+
+
+def test_embedded_only_stop_closes_connections_with_320():
+    """`Broker.stop()` in-process does what SIGTERM does: connection.close 320 CONNECTION_FORCED with
+    RabbitMQ's shutdown text to every open connection, and it waits for the close-ok (pika answers it while
+    it reads), so the client learns why instead of seeing a reset socket."""
+    import threading
+
+    from spark_amqp_broker import Broker
+
+    b = Broker(port=0).start()
+    conn = pika_connect(b.url)
+    closed_by: list = []
+    stopped_in: list[float] = []
+
+    def stop():
+        started = time.monotonic()
+        b.stop()
+        stopped_in.append(time.monotonic() - started)
+
+    stopper = threading.Thread(target=stop)
+    try:
+        conn.channel()
+        stopper.start()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                conn.process_data_events(time_limit=0.05)
+        except pika.exceptions.ConnectionClosedByBroker as exc:
+            closed_by.append((exc.reply_code, exc.reply_text))
+        stopper.join(timeout=10)
+    finally:
+        b.stop()
+        safe_close(conn)
+    assert closed_by == [(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")]
+    assert stopped_in and stopped_in[0] < 0.45, stopped_in   # the close-ok came; no wait for the grace

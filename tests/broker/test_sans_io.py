@@ -703,3 +703,188 @@ def test_x_death_time_is_the_injected_wall_clock(driver):
     assert body == b"second"
     assert headers["x-death"][0]["time"] == datetime.datetime.fromtimestamp(
         int(WALL_TIME + 3600.9), tz=datetime.UTC)
+
+
+# ---------------------------------------------------------- 5. the memory alarm runs on the clock
+
+
+def _blocked_frames(frames_: list[Frame]) -> list[str]:
+    return [f.name for f in frames_ if f.name in ("Connection.Blocked", "Connection.Unblocked")]
+
+
+def test_memory_alarm_is_checked_on_the_clock_not_per_message():
+    """The watermark is checked every MEMORY_CHECK_INTERVAL on the broker's clock (RabbitMQ's
+    vm_memory_monitor polls each second), so crossing it back and forth between two checks sends nothing,
+    and a publisher above it is blocked at the next check, once."""
+    d = Driver(BrokerConfig(memory_high_watermark=1000))
+    assert d.core.config.memory_limit == 1000
+    c = d.connect()
+    c.handshake()
+    c.open_channel(1)
+    c.declare(1, "q")
+    out = []
+    for _ in range(5):                       # 5 x 500 bytes: well over the watermark...
+        out += c.send(c.publish_bytes(1, "q", b"x" * 500)[0])
+    assert _blocked_frames(out) == []        # ...but no check has run yet
+    d.tick(limits.MEMORY_CHECK_INTERVAL / 2)
+    assert _blocked_frames(c.frames()) == [] and not d.core.alarm
+    d.tick(limits.MEMORY_CHECK_INTERVAL / 2)
+    assert _blocked_frames(c.frames()) == ["Connection.Blocked"] and d.core.alarm
+    assert c.conn.reading_paused             # the server stops reading this publisher's socket
+    for _ in range(3):                       # further checks while still above: nothing more
+        d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(c.frames()) == []
+    c.rpc(1, C.Queue.Purge(queue="q"), expect=C.Queue.PurgeOk)
+    assert d.core.queued_bytes == 0
+    assert _blocked_frames(c.frames()) == []  # purged, but the alarm waits for the clock
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(c.frames()) == ["Connection.Unblocked"] and not c.conn.reading_paused
+    # Above and back below between two checks (a consumer keeping up): no frame at all.
+    c.send(c.publish_bytes(1, "q", b"x" * 2000)[0])
+    c.rpc(1, C.Queue.Purge(queue="q"), expect=C.Queue.PurgeOk)
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(c.frames()) == [] and not d.core.alarm
+
+
+def test_memory_alarm_spares_connections_that_do_not_publish():
+    d = Driver(BrokerConfig(memory_high_watermark=1000))
+    pub, idle = d.connect(), d.connect()
+    pub.handshake()
+    idle.handshake()
+    pub.open_channel(1)
+    pub.declare(1, "q")
+    pub.send(pub.publish_bytes(1, "q", b"x" * 2000)[0])
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert _blocked_frames(pub.frames()) == ["Connection.Blocked"]
+    assert _blocked_frames(idle.frames()) == [] and not idle.conn.reading_paused
+
+
+def test_memory_high_watermark_default_and_forms(monkeypatch):
+    from spark_amqp_broker import config as config_module
+    monkeypatch.setattr(config_module, "total_memory", lambda: 10_000)
+    assert BrokerConfig().memory_limit == 4000                    # 0.4 of total memory, as RabbitMQ 3.10
+    assert BrokerConfig(memory_high_watermark=0.5).memory_limit == 5000
+    assert BrokerConfig(memory_high_watermark="0.25").memory_limit == 2500
+    assert BrokerConfig(memory_high_watermark=123456).memory_limit == 123456
+    assert BrokerConfig(memory_high_watermark="123456").memory_limit == 123456
+    for off in ("off", None, False):
+        assert BrokerConfig(memory_high_watermark=off).memory_limit is None
+    for bad in (0, -1, 1.5, 0.0, "lots", True):
+        with pytest.raises(ValueError, match="memory_high_watermark .*got"):
+            BrokerConfig(memory_high_watermark=bad)
+
+
+# ------------------------------------------------------ 6. deeply nested field tables, bounded memory
+
+
+def _nested(levels: int, kind: bytes = b"F", inner: bytes = b"") -> bytes:
+    """A tagged value nesting `levels` tables (or arrays) around `inner` (a tagged value, or nothing)."""
+    value = b"F" + len(inner).to_bytes(4, "big") + inner if kind == b"F" else \
+        b"A" + len(inner).to_bytes(4, "big") + inner
+    for _ in range(levels - 1):
+        body = b"\x01a" + value if kind == b"F" else value
+        value = kind + len(body).to_bytes(4, "big") + body
+    return value
+
+
+def _table(value: bytes) -> bytes:
+    body = b"\x01a" + value
+    return len(body).to_bytes(4, "big") + body
+
+
+def _declare_with_arguments(table: bytes) -> bytes:
+    args = b"\x00\x00" + b"\x01q" + b"\x00" + table       # ticket, queue "q", no flags, arguments
+    payload = (50).to_bytes(2, "big") + (10).to_bytes(2, "big") + args
+    return frames.FRAME_HEAD.pack(1, 1, len(payload)) + payload + b"\xce"
+
+
+def _peak(fn) -> tuple[int, object]:
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        result = fn()
+        return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("kind", [b"F", b"A"])
+def test_deeply_nested_arguments_refused_without_a_memory_spike(client, kind):
+    """A 128 KiB queue.declare whose arguments nest ~18,000 tables (or arrays) deep: pamqp's recursive
+    decoder copied the rest of the frame at each level (~124 MB) until a RecursionError. A raw scan
+    refuses it first: 501 FRAME_ERROR naming the limit, with < 10 MB allocated. (RabbitMQ 3.10 accepts any
+    depth: it answered declare-ok to this frame; Python cannot decode it, so this is a documented limit.)"""
+    frame = _declare_with_arguments(_table(_nested(18_000 if kind == b"F" else 25_000, kind)))
+    assert 120_000 < len(frame) <= limits.DEFAULT_FRAME_MAX
+    client.open_channel(1)
+    peak, out = _peak(lambda: client.send(frame))
+    assert peak < 10_000_000, f"{peak / 1e6:.1f} MB allocated"
+    assert [f.name for f in out] == ["Connection.Close"], out
+    assert out[0].method.reply_code == 501
+    assert f"nested deeper than {fields.MAX_DEPTH} levels" in out[0].method.reply_text
+    assert (out[0].method.class_id, out[0].method.method_id) == (50, 10)
+
+
+def test_nested_arguments_at_the_limit_are_accepted_and_bounded(client):
+    """The deepest table allowed, padded to fill a frame, decodes (declare-ok) with memory bounded by
+    MAX_DEPTH copies of the frame."""
+    pad = b"S" + (100_000).to_bytes(4, "big") + b"p" * 100_000
+    table = _table(_nested(fields.MAX_DEPTH - 1, b"F", b"\x01s" + pad))
+    client.open_channel(1)
+    peak, out = _peak(lambda: client.send(_declare_with_arguments(table)))
+    assert [f.name for f in out] == ["Queue.DeclareOk"], out
+    assert peak < 10_000_000, f"{peak / 1e6:.1f} MB allocated"
+    deeper = _table(_nested(fields.MAX_DEPTH, b"F"))
+    out = client.send(_declare_with_arguments(deeper))
+    assert [(f.name, f.method.reply_code) for f in out] == [("Connection.Close", 501)]
+
+
+def test_deeply_nested_client_properties_refused_before_login(driver):
+    """connection.start-ok is decoded before the peer has logged in: the same scan guards it."""
+    c = driver.connect()
+    c.send(PROTOCOL_HEADER)
+    props = _table(_nested(18_000))
+    args = props + b"\x05PLAIN" + len(PLAIN_GUEST).to_bytes(4, "big") + PLAIN_GUEST.encode() + b"\x05en_US"
+    payload = (10).to_bytes(2, "big") + (11).to_bytes(2, "big") + args
+    peak, out = _peak(lambda: c.send(frames.FRAME_HEAD.pack(1, 0, len(payload)) + payload + b"\xce"))
+    assert peak < 10_000_000, f"{peak / 1e6:.1f} MB allocated"
+    assert [(f.name, f.method.reply_code) for f in out] == [("Connection.Close", 501)], out
+
+
+def test_deeply_nested_amqplain_response_is_a_refused_login(driver):
+    c = driver.connect()
+    c.send(PROTOCOL_HEADER)
+    response = _table(_nested(12_000))[4:]          # AMQPLAIN: a table without its length
+    start_ok = C.Connection.StartOk(client_properties={"capabilities": CLIENT_CAPABILITIES},
+                                    mechanism="AMQPLAIN", response=response.decode("latin-1"),
+                                    locale="en_US")
+    peak, out = _peak(lambda: c.send(c.method(0, start_ok)))
+    assert peak < 10_000_000, f"{peak / 1e6:.1f} MB allocated"
+    assert [(f.name, f.method.reply_code) for f in out] == [("Connection.Close", 403)], out
+
+
+def test_deeply_nested_headers_through_a_headers_exchange(client):
+    """A headers exchange decodes the message's headers to route it, value by value: a value nested too
+    deep is left undecoded (memory bounded) and matches no binding value, and the message is routed on its
+    other headers, as RabbitMQ routes it (a table never equals the binding's 1)."""
+    client.open_channel(1)
+    client.rpc(1, C.Exchange.Declare(exchange="h", exchange_type="headers"), expect=C.Exchange.DeclareOk)
+    client.declare(1, "q")
+    client.declare(1, "q2")
+    client.rpc(1, C.Queue.Bind(queue="q", exchange="h", arguments={"a": 1}), expect=C.Queue.BindOk)
+    client.rpc(1, C.Queue.Bind(queue="q2", exchange="h", arguments={"b": 2}), expect=C.Queue.BindOk)
+    deep = _table(_nested(18_000))
+    extra = b"\x01bl" + (2).to_bytes(8, "big")                     # b = 2, a long
+    table = (int.from_bytes(deep[:4], "big") + len(extra)).to_bytes(4, "big") + deep[4:] + extra
+    header = (60).to_bytes(2, "big") + b"\x00\x00" + (0).to_bytes(8, "big") + (0x2000).to_bytes(2, "big") + table
+
+    def publish(exchange: str, rk: str) -> list:
+        return client.send(client.method(1, C.Basic.Publish(exchange=exchange, routing_key=rk)),
+                           frames.FRAME_HEAD.pack(2, 1, len(header)) + header + b"\xce")
+
+    assert publish("", "q") == []                                  # the default exchange: no decode
+    peak, out = _peak(lambda: publish("h", ""))
+    assert peak < 10_000_000, f"{peak / 1e6:.1f} MB allocated"
+    assert out == []
+    assert client.declare(1, "q").message_count == 1               # only the one from the default exchange
+    assert client.declare(1, "q2").message_count == 1              # routed on b = 2

@@ -578,3 +578,165 @@ def test_toml_tls_keys(pki, tmp_path):
     toml.write_text('[broker]\ntls_port = 0\n')
     with pytest.raises(ValueError, match="tls_cert"):
         BrokerConfig.from_toml(str(toml))
+
+
+# ----------------------------------------------------------------------- SASL EXTERNAL (certificates)
+
+
+def dn_of(leaf) -> str:
+    """The RFC 4514 distinguished name of a trustme certificate, written by cryptography (an
+    implementation independent of the broker's), as RabbitMQ's ssl_cert_login_from = distinguished_name
+    names the user."""
+    from cryptography import x509
+    return x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes()).subject.rfc4514_string()
+
+
+def external_broker(pki: Pki, users: dict, **options) -> Broker:
+    return Broker(port=0, tls_port=0, tls_cert=pki.cert_file, tls_key=pki.key_file, tls_ca=pki.ca_file,
+                  tls_verify_peer=True, users={"guest": "guest", **users}, **options)
+
+
+def pika_external(url: str, ctx: ssl.SSLContext) -> pika.BlockingConnection:
+    params = pika_params(url, ssl_options=pika.SSLOptions(ctx, server_hostname="localhost"),
+                         credentials=pika.credentials.ExternalCredentials())
+    return pika.BlockingConnection(params)
+
+
+def mechanisms_offered(port: int, ctx: ssl.SSLContext | None) -> list[str]:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    sock = ctx.wrap_socket(raw, server_hostname="localhost") if ctx is not None else raw
+    with sock:
+        sock.sendall(PROTOCOL_HEADER)
+        data = b""
+        while len(data) < 7 or len(data) < 8 + int.from_bytes(data[3:7], "big"):
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+    from pamqp import frame as pframe
+    start = pframe.unmarshal(data)[2]
+    return start.mechanisms.split()
+
+
+def test_external_logs_in_as_the_certificate_distinguished_name(pki):
+    """RabbitMQ's default (ssl_cert_login_from = distinguished_name): the user is the subject's DN; no
+    password is asked for (the user's own is ignored), with pika's ExternalCredentials and our client."""
+    from spark_amqp.client import Connection
+    from spark_amqp.client.tls import TLSOptions
+
+    leaf = pki.ca.issue_cert("client", common_name="alice")
+    dn = dn_of(leaf)
+    assert dn.startswith("CN=alice,OU=") and ",O=trustme" in dn
+    with external_broker(pki, {dn: "a password nobody sends"}) as broker:
+        conn = pika_external(broker.tls_url, client_context(pki.ca_file, client_cert=leaf))
+        try:
+            assert publish_consume(conn, b"who am i") == b"who am i"
+            users = broker.call(lambda: sorted(c.user for c in broker.core.connections))
+            assert users == [dn]
+        finally:
+            safe_close(conn)
+        tls = TLSOptions(ca=pki.ca_file, cert=leaf.cert_chain_pems[0].bytes().decode(),
+                         key=leaf.private_key_pem.bytes().decode())
+        with Connection.open(f"amqps://localhost:{broker.tls_port}/%2F", tls=tls,
+                             auth_mechanism="EXTERNAL") as ours:
+            assert ours.channel().queue_declare("", exclusive=True).name
+            assert broker.call(lambda: [c.user for c in broker.core.connections]) == [dn]
+
+
+def test_external_with_common_name(pki):
+    leaf = pki.ca.issue_cert("client", common_name="alice")
+    with external_broker(pki, {"alice": "x"}, ssl_cert_login_from="common_name") as broker:
+        conn = pika_external(broker.tls_url, client_context(pki.ca_file, client_cert=leaf))
+        try:
+            assert publish_consume(conn, b"alice") == b"alice"
+            assert broker.call(lambda: [c.user for c in broker.core.connections]) == ["alice"]
+        finally:
+            safe_close(conn)
+
+
+def test_external_refuses_a_certificate_naming_no_user(pki):
+    """The certificate is valid but names no configured user: 403 ACCESS_REFUSED, as a bad password."""
+    leaf = pki.ca.issue_cert("client", common_name="mallory")
+    with external_broker(pki, {"alice": "x"}, ssl_cert_login_from="common_name") as broker:
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
+            pika_external(broker.tls_url, client_context(pki.ca_file, client_cert=leaf))
+        assert "403" in str(err.value) and "EXTERNAL" in str(err.value)
+
+
+def test_external_is_offered_only_with_a_verified_client_certificate(pki, tmp_path):
+    """Offered on TLS connections whose client certificate was verified, never on plain TCP nor on a TLS
+    listener without tls_ca (nothing verified there); a client that asks for it anyway is refused as for
+    any mechanism not offered (the socket closes, as RabbitMQ does)."""
+    leaf = pki.ca.issue_cert("client", common_name="alice")
+    with external_broker(pki, {"alice": "x"}, ssl_cert_login_from="common_name") as broker:
+        assert mechanisms_offered(broker.tls_port, client_context(pki.ca_file, client_cert=leaf)) == \
+            ["PLAIN", "AMQPLAIN", "EXTERNAL"]
+        assert mechanisms_offered(broker.port, None) == ["PLAIN", "AMQPLAIN"]
+        # PLAIN still works on the verified TLS connection
+        conn = pika_tls(broker.tls_url, client_context(pki.ca_file, client_cert=leaf))
+        safe_close(conn)
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika_params(broker.url, credentials=pika.credentials.ExternalCredentials()))
+    with Broker(port=0, tls_port=0, tls_cert=pki.cert_file, tls_key=pki.key_file,
+                users={"alice": "x"}) as broker:
+        ctx = client_context(pki.ca_file, client_cert=leaf)     # presented, but nothing verifies it
+        assert mechanisms_offered(broker.tls_port, ctx) == ["PLAIN", "AMQPLAIN"]
+
+
+def test_ssl_cert_login_from_is_checked(pki):
+    with pytest.raises(ValueError, match=r"ssl_cert_login_from must be one of distinguished_name, "
+                                         r"common_name, got 'cn'"):
+        BrokerConfig(ssl_cert_login_from="cn")
+
+
+def test_distinguished_name_escaping_is_rabbitmqs():
+    """rabbit_cert_info:format_rdn_sequence: reversed RDNs, "+" inside a multi-valued RDN, RFC 4514
+    escapes, non-ASCII bytes as \\XX."""
+    from spark_amqp_broker.access import cert_login_name
+    subject = ((("countryName", "GB"),), (("organizationName", "A, B+C"),),
+               (("commonName", "#x "), ("userId", "é")))
+    assert cert_login_name(subject, "distinguished_name") == "CN=\\#x\\ +UID=\\C3\\A9,O=A\\, B\\+C,C=GB"
+    assert cert_login_name(subject, "common_name") == "#x "
+    assert cert_login_name(((("organizationName", "o"),),), "common_name") is None
+
+
+@pytest.mark.parametrize("target", ["embedded", "rabbitmq"])
+def test_external_user_name_is_rabbitmqs(request, tmp_path, target):
+    """Differential: the name our broker derives from a certificate (subject with characters RFC 4514
+    escapes) is the user RabbitMQ 3.10's rabbitmq_auth_mechanism_ssl logs in as (a second node, verify_peer,
+    ssl_cert_login_from at its default). The user is created under that name on both; pika's
+    ExternalCredentials logs in, and a certificate naming nobody is refused."""
+    from spark_amqp_broker.access import cert_login_name
+
+    if target == "rabbitmq":
+        node = request.getfixturevalue("rabbitmq_external")
+        ca, ca_file = node.ca, node.ca_file
+    else:
+        pki = make_pki(tmp_path)
+        ca, ca_file = pki.ca, pki.ca_file
+    leaf = ca.issue_cert("client", common_name="a, b+c;é", organization_unit_name="#ops ")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "leaf.pem"))
+    subject = ssl._ssl._test_decode_cert(str(tmp_path / "leaf.pem"))["subject"]   # as the broker sees it
+    name = cert_login_name(subject, "distinguished_name")
+    assert name.startswith("CN=a\\, b\\+c\\;\\C3\\A9,OU=\\#ops\\ ,O=trustme"), name
+    nobody = ca.issue_cert("client", common_name="nobody")
+    if target == "rabbitmq":
+        node.ctl("add_user", name, "unused")
+        node.ctl("set_permissions", "-p", "/", name, ".*", ".*", ".*")
+        url, broker = f"amqps://localhost:{node.tls_port}/%2F", None
+    else:
+        broker = external_broker(pki, {name: "unused"}, loopback_users=()).start()
+        url = broker.tls_url
+    try:
+        conn = pika_external(url, client_context(ca_file, client_cert=leaf))
+        try:
+            assert publish_consume(conn, b"external") == b"external"
+        finally:
+            safe_close(conn)
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as err:
+            pika_external(url, client_context(ca_file, client_cert=nobody))
+        assert "ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL" in str(err.value)
+    finally:
+        if broker is not None:
+            broker.stop()
+        else:
+            node.ctl("delete_user", name)
