@@ -32,7 +32,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     tls.add_argument("--tls-verify-peer", action="store_true", default=None,
                      help="refuse TLS clients without a certificate signed by --tls-ca")
     p.add_argument("--data-dir", default=None,
-                   help="directory for durable state (persistence is not implemented yet)")
+                   help="directory for durable exchanges, queues, bindings and persistent messages "
+                        "(kept across restarts; created if missing)")
     p.add_argument("--definitions", default=None, metavar="FILE",
                    help="RabbitMQ definitions (JSON, as `rabbitmqctl export_definitions` writes) to load: "
                         "users, vhosts, permissions, exchanges, queues, bindings")
@@ -72,9 +73,6 @@ def main(argv=None) -> int:
         config = build_config(args)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if config.data_dir:
-        print("error: --data-dir: persistence is not implemented yet; run without it", file=sys.stderr)
         return 2
     try:
         server = Server(config)          # loads the TLS certificate and key, if any

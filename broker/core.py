@@ -30,6 +30,7 @@ class BrokerCore:
         self.timed_queues: set = set()   # queues with x-expires or messages carrying a deadline
         self.queued_bytes = 0
         self.alarm = False
+        self.store = None                # store.Store with data_dir: the durable-event hooks
         if config.loaded_definitions is not None:
             definitions.apply_topology(self, config.loaded_definitions)
 
