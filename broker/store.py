@@ -26,6 +26,7 @@ redelivered=false. Stream queues are not persisted (a durable stream is gone aft
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import struct
@@ -112,9 +113,22 @@ class Store:
             raise ValueError(f"data_dir: cannot use {data_dir!r} as the data directory "
                              f"({exc.strerror or exc})") from None
         store = cls(data_dir)
+        store._lock()
         store._replay()
         store.compact()
         return store
+
+    def _lock(self) -> None:
+        """Two brokers appending to one journal would interleave records: the second one is refused. The
+        lock is an flock, released by the OS when the process dies, so `kill -9` leaves no stale lock."""
+        path = os.path.join(self.data_dir, "LOCK")
+        self.lock_fh = open(path, "a")
+        try:
+            fcntl.flock(self.lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock_fh.close()
+            raise ValueError(f"data_dir: {self.data_dir!r} is in use by another broker "
+                             f"(its {path!r} is locked)") from None
 
     def _replay(self) -> None:
         try:
@@ -421,6 +435,7 @@ class Store:
         os.fsync(self.fh.fileno())
         self.fh.close()
         self.fh = None
+        self.lock_fh.close()
 
 
 def encode_message(pid: int, vhost: str, queue: str, m: Message) -> bytes:

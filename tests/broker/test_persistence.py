@@ -235,3 +235,86 @@ def test_deleted_and_unbound_stay_gone_and_e2e_bindings_survive(tmp_path):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker):
             ch.exchange_declare("gone", "direct", passive=True)
         conn.close()
+
+
+def test_second_broker_on_the_same_data_dir_is_refused(tmp_path, brokers):
+    b = brokers(tmp_path / "data")
+    proc = subprocess.run([sys.executable, "-m", "spark_amqp_broker", "--port", "0", "--data-dir",
+                           str(tmp_path / "data")], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: data_dir: '{tmp_path / 'data'}' is in use by another broker"), \
+        proc.stderr
+    assert b.proc.poll() is None
+
+
+def test_journal_is_compacted_when_it_outgrows_the_live_data(tmp_path, monkeypatch):
+    """Published and acked messages leave dead records behind; past COMPACT_FACTOR x the live bytes the
+    journal is rewritten, so its size follows what is queued, not what went through."""
+    from spark_amqp_broker import store
+    monkeypatch.setattr(store, "COMPACT_MIN_BYTES", 64 << 10)
+    data = str(tmp_path / "data")
+    body = b"x" * 1000
+    with Broker(data_dir=data) as b:
+        conn = pika_connect(b.url)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("churn", durable=True)
+        ch.basic_publish("", "churn", b"keep", PERSISTENT)
+        for _ in range(1000):          # ~1 MB through the queue
+            ch.basic_publish("", "churn", body, PERSISTENT)
+        keep, _p, _b = ch.basic_get("churn")
+        for _ in range(1000):
+            method, _p, got = ch.basic_get("churn")
+            assert got == body
+            ch.basic_ack(method.delivery_tag)
+        ch.basic_nack(keep.delivery_tag, requeue=True)
+        ch.queue_declare("churn", passive=True)
+        size = os.path.getsize(_journal(data))
+        assert size < 4 * (64 << 10) + 20_000, size
+        conn.close()
+    with Broker(data_dir=data) as b:
+        conn = pika_connect(b.url)
+        assert _get_all(conn.channel(), "churn") == [(b"keep", True)]
+        conn.close()
+
+
+def test_confirms_follow_a_grouped_fsync(tmp_path, monkeypatch):
+    """200 persistent publishes sent in one write: every one is confirmed, each body is in the journal by
+    the time its confirm arrives, and far fewer fsyncs than messages were needed (group commit)."""
+    from pamqp import commands, frame as pframe
+    from pamqp.body import ContentBody
+    from pamqp.header import ContentHeader
+    from helpers import raw_handshake
+
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    data = str(tmp_path / "data")
+    with Broker(data_dir=data) as b:
+        rc, _ = raw_handshake(b.url)
+        rc.send(1, commands.Channel.Open())
+        rc.read_method()
+        rc.send(1, commands.Confirm.Select())
+        rc.read_method()
+        rc.send(1, commands.Queue.Declare(queue="grouped", durable=True))
+        rc.read_method()
+        before = len(fsyncs)
+        burst = b""
+        for i in range(200):
+            body = b"g%03d" % i
+            burst += (pframe.marshal(commands.Basic.Publish(routing_key="grouped"), 1)
+                      + pframe.marshal(ContentHeader(0, len(body), commands.Basic.Properties(delivery_mode=2)), 1)
+                      + pframe.marshal(ContentBody(body), 1))
+        rc.send_bytes(burst)
+        confirmed = 0
+        while confirmed < 200:
+            _ch, ack = rc.read_method()
+            assert isinstance(ack, commands.Basic.Ack), ack
+            confirmed = ack.delivery_tag
+            with open(_journal(data), "rb") as fh:
+                journal = fh.read()
+            missing = [i for i in range(confirmed) if b"g%03d" % i not in journal]
+            assert not missing, f"confirmed up to {confirmed} but not in the journal: {missing[:5]}"
+        grouped = len(fsyncs) - before
+        assert 1 <= grouped <= 50, grouped
+        rc.close()
