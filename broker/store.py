@@ -21,7 +21,9 @@ journal, then a delivered mark where one was recorded) into `journal.new`, fsync
 What RabbitMQ 3.10 does and this follows: transient messages, non-durable queues and exclusive queues
 are gone after a restart; a persistent message that had been delivered and not acked comes back with
 redelivered=true (the classic queue index records deliveries); one never delivered comes back
-redelivered=false. Stream queues are not persisted (a durable stream is gone after a restart).
+redelivered=false. A stream queue's declaration is in the journal and its log in a file of its own
+(`streams/<n>.log`, see StreamLog): chunks, segment rolls and retention, so it comes back with the same
+offsets.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import zlib
 from spark_amqp.codec import fields, properties, replies
 
 from .message import Message
+from .stream import LOG_HEADER_SIZE, TRACKING_CHUNK_SIZE, Chunk, Record, Segment
 
 log = logging.getLogger("broker.store")
 
@@ -51,6 +54,13 @@ EXCHANGE, EXCHANGE_DEL = b"X", b"x"
 QUEUE, QUEUE_DEL = b"Q", b"q"
 BIND, UNBIND = b"B", b"b"
 MESSAGE, DELIVERED, REMOVED = b"M", b"D", b"A"
+# stream log records (streams/<n>.log)
+STREAMS_DIR = "streams"
+SEGMENT, CHUNK, TRACKING, DROP = b"S", b"C", b"K", b"D"
+_chunk = struct.Struct(">QQII")    # first offset, timestamp ms, chunk size, record count
+_rec = struct.Struct(">HHII")      # len(exchange), len(rk), len(header), len(body)
+_tracking = struct.Struct(">QQ")   # offset, timestamp ms
+_u32 = struct.Struct(">I")
 
 _DM_FLAG = properties.FLAG["delivery_mode"]
 _BEFORE_DM = properties.FLAG["content_type"] | properties.FLAG["content_encoding"] | properties.FLAG["headers"]
@@ -96,6 +106,8 @@ class Store:
         self.pending = bytearray()
         self.sync_needed = False
         self.muted = False                        # while the recovered state is applied to the core
+        self.streams: dict[tuple, StreamLog] = {}  # (vhost, name) -> the log file of a kept stream
+        self.dirty_streams: set = set()
         self.fh = None
         self.size = 0
 
@@ -202,6 +214,8 @@ class Store:
                     del self.bindings[b]
             elif kind == QUEUE:
                 self.queues[(v["vhost"], v["name"])] = payload
+                if "log" in v:
+                    self.next_pid = max(self.next_pid, v["log"] + 1)
             elif kind == QUEUE_DEL:
                 key = (v["vhost"], v["name"])
                 self.queues.pop(key, None)
@@ -284,8 +298,48 @@ class Store:
                         vh.bind_exchange(dest, source, key, args)
                 self._restore_one(core, vname, f"binding '{source}' -> '{dest}'", bind)
             self._restore_messages(core)
+            self._restore_streams(core)
         finally:
             self.muted = False
+        self._adopt(core)
+
+    def _restore_streams(self, core) -> None:
+        """Each kept stream's log file read back into its StreamQueue; files of streams no longer kept
+        (deleted before a crash removed the file) are removed."""
+        live = set()
+        for (vname, name), payload in self.queues.items():
+            number = fields.decode_table(payload[1:]).get("log")
+            if number is None:
+                continue
+            live.add(f"{number}.log")
+            slog = StreamLog(self, number)
+            segments = slog.load()
+            vh = core.vhosts.get(vname)
+            q = vh.queues.get(name) if vh is not None else None
+            if q is None or not q.is_stream:
+                continue
+            slog.apply(q, segments)
+            self.streams[(vname, name)] = q.journal = slog
+        folder = os.path.join(self.data_dir, STREAMS_DIR)
+        for fname in os.listdir(folder) if os.path.isdir(folder) else ():
+            if fname.endswith(".log") and fname not in live:
+                os.unlink(os.path.join(folder, fname))
+
+    def _adopt(self, core) -> None:
+        """Durable exchanges, queues and bindings the core has that the journal lacks (declared from a
+        definitions file at this start) are journaled now, so persistent messages on them are kept."""
+        for vh in core.vhosts.values():
+            for x in vh.exchanges.values():
+                if x.name and not x.name.startswith("amq.") and (vh.name, x.name) not in self.exchanges:
+                    self.exchange_declared(vh.name, x)
+            for q in vh.queues.values():
+                if (vh.name, q.name) not in self.queues:
+                    self.queue_declared(vh.name, q)
+            for x in vh.exchanges.values():
+                if not x.name:
+                    continue
+                for (dest, key, _frozen), arguments in list(x.bindings.items()):
+                    self.bound(vh.name, x, dest, key, arguments, True)
 
     def _restore_one(self, core, vname, what, fn) -> None:
         vh = core.vhosts.get(vname)
@@ -343,9 +397,16 @@ class Store:
         self._add(payload)
 
     def queue_declared(self, vhost: str, q) -> None:
-        if self.muted or not q.durable or q.exclusive_owner is not None or q.is_stream:
+        if self.muted or not q.durable or q.exclusive_owner is not None:
             return
-        payload = _meta(QUEUE, vhost=vhost, name=q.name, auto_delete=q.auto_delete, args=q.arguments or {})
+        extra = {}
+        if q.is_stream:   # its log goes to a file of its own, named by a number never reused
+            extra["log"] = self.next_pid
+            self.next_pid += 1
+            q.journal = self.streams[(vhost, q.name)] = StreamLog(self, extra["log"])
+            q.journal.segment()
+        payload = _meta(QUEUE, vhost=vhost, name=q.name, auto_delete=q.auto_delete, args=q.arguments or {},
+                        **extra)
         self.queues[(vhost, q.name)] = payload
         self._add(payload)
 
@@ -355,6 +416,10 @@ class Store:
         payload = _meta(QUEUE_DEL, vhost=vhost, name=name)
         self._apply(payload, 0, 0)
         self._add(payload)
+        slog = self.streams.pop((vhost, name), None)
+        if slog is not None:
+            slog.deleted = True
+            self.dirty_streams.add(slog)   # its file goes once the delete record is written
 
     def bound(self, vhost: str, source, dest, key: str, arguments, added: bool) -> None:
         """A binding from exchange `source` to `dest` (a queue or exchange) was added or removed; kept
@@ -369,8 +434,8 @@ class Store:
             return
         args = fields.encode_table(arguments or {}).hex()
         bkey = _binding_key(vhost, source.name, kind, dest.name, key, args)
-        if not added and bkey not in self.bindings:
-            return
+        if (bkey in self.bindings) == added:
+            return   # already kept (a repeated bind), or not kept (an unbind of something never kept)
         payload = _meta(BIND if added else UNBIND, vhost=vhost, source=source.name, kind=kind,
                         dest=dest.name, key=key, args=args, arguments=arguments or {})
         self._apply(payload, 0, 0)
@@ -415,21 +480,33 @@ class Store:
             self.pending = bytearray()
 
     def commit(self) -> None:
-        """Write what was buffered; fsync when a persistent message was enqueued (one fsync per batch);
-        compact when the journal has grown past COMPACT_FACTOR x the live data."""
-        if not self.pending or self.fh is None:
+        """Write what was buffered; fsync when a persistent message (or a stream chunk) was written (one
+        fsync per file per batch); compact when the journal has grown past COMPACT_FACTOR x the live data.
+        A deleted stream's file is removed only after its delete record is written."""
+        if self.fh is None:
             return
-        self._write_pending()
-        self.fh.flush()
-        if self.sync_needed:
-            os.fsync(self.fh.fileno())
-            self.sync_needed = False
+        dirty, self.dirty_streams = self.dirty_streams, set()
+        for slog in dirty:
+            if not slog.deleted:
+                slog.flush()
+        if self.pending:
+            self._write_pending()
+            self.fh.flush()
+            if self.sync_needed or dirty:
+                os.fsync(self.fh.fileno())
+                self.sync_needed = False
+        for slog in dirty:
+            if slog.deleted:
+                slog.remove()
         if self.size > COMPACT_MIN_BYTES and self.size > COMPACT_FACTOR * (self.live_bytes + 4096):
             self.compact()
 
     def close(self) -> None:
         if self.fh is None:
             return
+        self.commit()
+        for slog in self.streams.values():
+            slog.close()
         self._write_pending()
         self.fh.flush()
         os.fsync(self.fh.fileno())
@@ -453,3 +530,152 @@ def decode_message(payload: bytes) -> Message:
     p += lk
     header = payload[p:p + lh]
     return Message(exchange, rk, header, payload[p + lh:])
+
+
+class StreamLog:
+    """One kept stream's log, append-only in `streams/<n>.log` with the journal's framing. Records: S (a
+    segment starts), C (a chunk: first offset, timestamp, size, its messages), K (a writer tracking chunk),
+    D (retention removed the n oldest segments). Read back, they rebuild the stream's segments exactly, so
+    offsets, chunk boundaries and timestamps are what they were. Rewritten at start when something was
+    dropped (torn tail, retention)."""
+
+    def __init__(self, store: Store, number: int):
+        self.store = store
+        self.number = number
+        self.path = os.path.join(store.data_dir, STREAMS_DIR, f"{number}.log")
+        self.pending = bytearray()
+        self.fh = None
+        self.deleted = False
+
+    # hooks (encode only)
+
+    def _add(self, payload: bytes) -> None:
+        self.pending += _frame(payload)
+        self.store.dirty_streams.add(self)
+
+    def segment(self) -> None:
+        self._add(SEGMENT)
+
+    def chunk(self, chunk: Chunk) -> None:
+        if chunk.records is None:
+            self._add(TRACKING + _tracking.pack(chunk.first_offset, chunk.timestamp))
+            return
+        parts = [CHUNK, _chunk.pack(chunk.first_offset, chunk.timestamp, chunk.size, len(chunk.records))]
+        for r in chunk.records:
+            x, k = r.exchange.encode(), r.routing_key.encode()
+            parts += (_rec.pack(len(x), len(k), len(r.header), len(r.body)), x, k, r.header, r.body)
+        self._add(b"".join(parts))
+
+    def dropped(self, n: int) -> None:
+        self._add(DROP + _u32.pack(n))
+
+    # I/O
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        if self.fh is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.fh = open(self.path, "ab")
+        self.fh.write(self.pending)
+        self.pending = bytearray()
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+    def remove(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def load(self) -> list:
+        """The segments (lists of Chunks) the file holds, up to a torn tail (WARNING)."""
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        segments: list = []
+        rewrite = False
+        pos, end = 0, len(data)
+        while pos < end:
+            length, crc = _head.unpack_from(data, pos) if end - pos >= _head.size else (None, None)
+            start = pos + _head.size
+            if length is None or start + length > end or zlib.crc32(data[start:start + length]) != crc:
+                log.warning("data_dir %s: %s ends in a torn record at byte %d; recovered everything before "
+                            "it and dropped the last %d bytes (a write torn by a crash)",
+                            self.store.data_dir, self.path, pos, end - pos)
+                rewrite = True
+                break
+            p = data[start:start + length]
+            kind = p[:1]
+            if kind == SEGMENT:
+                segments.append([])
+            elif kind == TRACKING:
+                first, ts = _tracking.unpack_from(p, 1)
+                segments[-1].append(Chunk(first, ts, None, TRACKING_CHUNK_SIZE))
+            elif kind == DROP:
+                del segments[:_u32.unpack_from(p, 1)[0]]
+                rewrite = True
+            else:
+                first, ts, size, count = _chunk.unpack_from(p, 1)
+                at = 1 + _chunk.size
+                records = []
+                for i in range(count):
+                    lx, lk, lh, lb = _rec.unpack_from(p, at)
+                    at += _rec.size
+                    x = p[at:at + lx].decode()
+                    at += lx
+                    k = p[at:at + lk].decode()
+                    at += lk
+                    header = p[at:at + lh]
+                    at += lh
+                    records.append(Record(first + i, x, k, header, p[at:at + lb]))
+                    at += lb
+                segments[-1].append(Chunk(first, ts, records, size))
+            pos = start + length
+        if rewrite:
+            self._rewrite(segments)
+        return segments
+
+    def _rewrite(self, segments: list) -> None:
+        for chunks in segments or [[]]:
+            self.segment()
+            for chunk in chunks:
+                self.chunk(chunk)
+        tmp = self.path + ".new"
+        with open(tmp, "wb") as fh:
+            fh.write(self.pending)
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.pending = bytearray()
+        self.store.dirty_streams.discard(self)
+        os.replace(tmp, self.path)
+
+    def apply(self, q, segments: list) -> None:
+        """Put the loaded segments into the StreamQueue q (declared empty a moment ago)."""
+        if not segments:
+            return
+        q.segments = []
+        total = 0
+        for chunks in segments:
+            seg = Segment()
+            seg.chunks = chunks
+            seg.size += sum(c.size for c in chunks)
+            total += seg.size - LOG_HEADER_SIZE
+            if q.segments:
+                q.segments[-1].next = seg
+            q.segments.append(seg)
+        last = next((c for seg in reversed(q.segments) for c in reversed(seg.chunks)), None)
+        q.next_offset = 0 if last is None else last.first_offset + last.count
+        q.bytes = sum(seg.size for seg in q.segments)
+        q.vhost.core.account(total)
