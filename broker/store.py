@@ -389,12 +389,17 @@ class Store:
         self.exchanges[(vhost, x.name)] = payload
         self._add(payload)
 
-    def exchange_deleted(self, vhost: str, name: str) -> None:
-        if self.muted or (vhost, name) not in self.exchanges:
-            return
-        payload = _meta(EXCHANGE_DEL, vhost=vhost, name=name)
+    def _deleted(self, record_type: bytes, kept: dict, vhost: str, name: str) -> bool:
+        """Journal the delete of a kept exchange or queue (and what goes with it); False if not kept."""
+        if self.muted or (vhost, name) not in kept:
+            return False
+        payload = _meta(record_type, vhost=vhost, name=name)
         self._apply(payload, 0, 0)
         self._add(payload)
+        return True
+
+    def exchange_deleted(self, vhost: str, name: str) -> None:
+        self._deleted(EXCHANGE_DEL, self.exchanges, vhost, name)
 
     def queue_declared(self, vhost: str, q) -> None:
         if self.muted or not q.durable or q.exclusive_owner is not None:
@@ -411,11 +416,8 @@ class Store:
         self._add(payload)
 
     def queue_deleted(self, vhost: str, name: str) -> None:
-        if self.muted or (vhost, name) not in self.queues:
+        if not self._deleted(QUEUE_DEL, self.queues, vhost, name):
             return
-        payload = _meta(QUEUE_DEL, vhost=vhost, name=name)
-        self._apply(payload, 0, 0)
-        self._add(payload)
         slog = self.streams.pop((vhost, name), None)
         if slog is not None:
             slog.deleted = True
