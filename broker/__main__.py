@@ -38,7 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="the name a verified client certificate logs in as with SASL EXTERNAL "
                           "(default distinguished_name, as RabbitMQ)")
     p.add_argument("--data-dir", default=None,
-                   help="directory for durable state (persistence is not implemented yet)")
+                   help="directory for durable exchanges, queues, bindings and persistent messages "
+                        "(kept across restarts; created if missing)")
     p.add_argument("--definitions", default=None, metavar="FILE",
                    help="RabbitMQ definitions (JSON, as `rabbitmqctl export_definitions` writes) to load: "
                         "users, vhosts, permissions, exchanges, queues, bindings")
@@ -79,9 +80,6 @@ def main(argv=None) -> int:
         config = build_config(args)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if config.data_dir:
-        print("error: --data-dir: persistence is not implemented yet; run without it", file=sys.stderr)
         return 2
     try:
         server = Server(config)          # loads the TLS certificate and key, if any

@@ -91,7 +91,18 @@ class Channel:
         if not consumer.no_ack:
             self.unacked[tag] = (m, queue, consumer)
             consumer.unacked += 1
+        if m.pid:
+            self._journal_delivery(m, consumer.no_ack)
         self.conn.write_delivery(self.number, consumer.tag_bytes, tag, m)
+
+    def _journal_delivery(self, m: Message, no_ack: bool) -> None:
+        """A journaled message went out: auto-acked it is gone, else it comes back redelivered after a
+        restart (store.py)."""
+        store = self.conn.core.store
+        if no_ack:
+            store.removed((m,))
+        else:
+            store.delivered(m)
 
     def cancel_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: forget the consumer and tell the client if it understands
@@ -263,6 +274,8 @@ class Channel:
         self.next_tag = tag + 1
         if not m.no_ack:
             self.unacked[tag] = (msg, q, None)
+        if msg.pid:
+            self._journal_delivery(msg, m.no_ack)
         self.reply(methods.unchecked(C.Basic.GetOk, delivery_tag=tag, redelivered=msg.redelivered,
                                   exchange=msg.exchange, routing_key=msg.routing_key,
                                   message_count=q.message_count()))
@@ -370,6 +383,8 @@ class Channel:
         touched = {}
         requeue: dict = {}
         dead: dict = {}
+        if outcome == "ack" and self.conn.core.store is not None:
+            self.conn.core.store.removed([e[1][0] for e in entries])
         for _tag, (m, q, consumer) in entries:
             if consumer is not None:
                 consumer.unacked -= 1

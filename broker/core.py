@@ -34,6 +34,7 @@ class BrokerCore:
         self.queued_bytes = 0            # bytes of message data held in queues: the memory alarm's measure
         self.alarm = False
         self._next_memory_check = self.now() + limits.MEMORY_CHECK_INTERVAL * 1000
+        self.store = None                # store.Store with data_dir: the durable-event hooks
         if config.loaded_definitions is not None:
             definitions.apply_topology(self, config.loaded_definitions)
 

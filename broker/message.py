@@ -18,7 +18,7 @@ BROKER_READS = (properties.FLAG["headers"] | properties.FLAG["priority"] | prope
 
 class Message:
     __slots__ = ("exchange", "routing_key", "header", "body", "seq", "redelivered", "expires_at",
-                 "priority", "ttl")
+                 "priority", "ttl", "pid")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes):
         self.exchange = exchange
@@ -30,6 +30,7 @@ class Message:
         self.expires_at = None    # monotonic ms after which the queue drops it, or None
         self.priority = 0
         self.ttl = None           # per-message TTL from the expiration property, ms, or None
+        self.pid = 0              # its record in the data_dir journal (store.py), 0 = not journaled
 
     @property
     def size(self) -> int:

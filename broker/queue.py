@@ -245,6 +245,8 @@ class Queue:
             if not self.has_ttl:
                 self.has_ttl = True
                 self.vhost.core.register_timed_queue(self)
+        if self.durable and self.vhost.core.store is not None:
+            self.vhost.core.store.enqueued(self, m)
         self.store.append(m)
         self.ready_bytes += len(m.body)
         self.vhost.core.account(len(m.body) + len(m.header))
@@ -327,6 +329,8 @@ class Queue:
 
     def purge(self) -> int:
         msgs = self.store.clear()
+        if self.vhost.core.store is not None:
+            self.vhost.core.store.removed(msgs)
         self.ready_bytes = 0
         self.vhost.core.account(-sum(len(m.body) + len(m.header) for m in msgs))
         return len(msgs)

@@ -20,6 +20,7 @@ from . import limits
 from .config import BrokerConfig
 from .connection import SHUTDOWN_TEXT, Connection
 from .core import BrokerCore
+from .store import Store
 
 log = logging.getLogger("broker.server")
 
@@ -111,6 +112,10 @@ class Server:
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.core = BrokerCore(config)
+        self.store = None
+        if config.data_dir:   # read, repair and compact the journal; restore what it holds
+            self.store = self.core.store = Store.open(config.data_dir)
+            self.store.restore(self.core)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._tls_server: asyncio.base_events.Server | None = None
@@ -148,6 +153,8 @@ class Server:
     def after_input(self) -> None:
         core = self.core
         core.run_dispatch()
+        if self.store is not None:
+            self.store.commit()   # before any output: confirms leave only once their messages are on disk
         self._flush()
         if core.to_dispatch and not self._more_scheduled:
             self._more_scheduled = True
@@ -188,6 +195,8 @@ class Server:
                 conn.io.transport.abort()
         for server in servers:
             await server.wait_closed()
+        if self.store is not None:
+            self.store.close()
 
     async def shutdown(self, grace: float = limits.SHUTDOWN_GRACE) -> None:
         """Stop listening, send connection.close 320 CONNECTION_FORCED (RabbitMQ's "broker forced

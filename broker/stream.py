@@ -233,6 +233,7 @@ class Record:
 
     __slots__ = ("offset", "exchange", "routing_key", "header", "body")
     redelivered = False   # RabbitMQ never sets it on stream deliveries
+    pid = 0               # no per-message journal record: with a data_dir the whole log is kept (store.StreamLog)
 
     def __init__(self, offset, exchange, routing_key, header, body):
         self.offset = offset
@@ -289,6 +290,7 @@ class StreamQueue:
     add/remove_consumer, message_count, take and purge refusing as RabbitMQ does), over an in-memory log."""
 
     is_stream = True
+    journal = None   # store.StreamLog when the broker has a data_dir: chunks, rolls and retention go there
 
     def __init__(self, vhost, name: str, durable: bool, exclusive_owner, auto_delete: bool,
                  arguments: dict, now: float):
@@ -430,6 +432,8 @@ class StreamQueue:
     def _append(self, chunk: Chunk) -> None:
         segment = self.segments[-1]
         segment.chunks.append(chunk)
+        if self.journal is not None:
+            self.journal.chunk(chunk)
         segment.size += chunk.size
         self.bytes += chunk.size
         self.next_offset += chunk.count
@@ -451,6 +455,8 @@ class StreamQueue:
         new = Segment()
         self.segments[-1].next = new
         self.segments.append(new)
+        if self.journal is not None:
+            self.journal.segment()
         self.bytes += LOG_HEADER_SIZE
         self._append(Chunk(self.next_offset, wall, None, TRACKING_CHUNK_SIZE))
         self._retention(wall)
@@ -474,6 +480,8 @@ class StreamQueue:
                     segs[drop].chunks[-1].timestamp < wall - self.args.max_age:
                 drop += 1
         if drop:
+            if self.journal is not None:
+                self.journal.dropped(drop)
             gone, self.segments = segs[:drop], segs[drop:]
             freed = sum(s.size for s in gone)
             self.bytes -= freed

@@ -83,6 +83,8 @@ class VirtualHost:
             return existing
         x = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         self.exchanges[name] = x
+        if self.core.store is not None:
+            self.core.store.exchange_declared(self.name, x)
         return x
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
@@ -101,6 +103,8 @@ class VirtualHost:
 
     def _remove_exchange(self, x: Exchange) -> None:
         self.exchanges.pop(x.name, None)
+        if self.core.store is not None:
+            self.core.store.exchange_deleted(self.name, x.name)
         x.bindings.clear()
         for other in list(self.exchanges.values()):
             if any(k[0] is x for k in other.bindings):
@@ -114,6 +118,8 @@ class VirtualHost:
     def bind_exchange(self, destination, source, routing_key, arguments):
         src, dst = self._binding_ends(source, destination)
         src.bind(dst, routing_key, arguments or {})
+        if self.core.store is not None:
+            self.core.store.bound(self.name, src, dst, routing_key, arguments, True)
 
     def unbind_exchange(self, destination, source, routing_key, arguments):
         if source == "" or destination == "":
@@ -122,6 +128,8 @@ class VirtualHost:
         src, dst = self.exchanges.get(source), self.exchanges.get(destination)
         if src is None or dst is None:
             return  # RabbitMQ: unbinding what does not exist succeeds
+        if self.core.store is not None:
+            self.core.store.bound(self.name, src, dst, routing_key, arguments, False)
         if src.unbind(dst, routing_key, arguments or {}):
             self._maybe_auto_delete(src)
 
@@ -201,6 +209,8 @@ class VirtualHost:
         self.default_exchange.bind(q, name, {})
         if owner is not None:
             owner.exclusive_queues.add(q)
+        elif self.core.store is not None:
+            self.core.store.queue_declared(self.name, q)
         self.core.register_timed_queue(q)
         return q
 
@@ -220,6 +230,8 @@ class VirtualHost:
             return count
         q.deleted = True
         self.queues.pop(q.name, None)
+        if self.core.store is not None:
+            self.core.store.queue_deleted(self.name, q.name)
         for x in list(self.exchanges.values()):
             if any(k[0] is q for k in x.bindings):
                 x.unbind_destination(q)
@@ -239,13 +251,18 @@ class VirtualHost:
         if exchange == "":
             raise replies.channel_error(replies.ACCESS_REFUSED,
                                         "operation not permitted on the default exchange")
-        self.get_exchange(exchange).bind(q, routing_key, arguments or {})
+        x = self.get_exchange(exchange)
+        x.bind(q, routing_key, arguments or {})
+        if self.core.store is not None:
+            self.core.store.bound(self.name, x, q, routing_key, arguments, True)
 
     def unbind_queue(self, q: Queue, exchange: str, routing_key: str, arguments) -> None:
         if exchange == "":
             raise replies.channel_error(replies.ACCESS_REFUSED,
                                         "operation not permitted on the default exchange")
         x = self.exchanges.get(exchange)
+        if x is not None and self.core.store is not None:
+            self.core.store.bound(self.name, x, q, routing_key, arguments, False)
         if x is not None and x.unbind(q, routing_key, arguments or {}):
             self._maybe_auto_delete(x)
 
@@ -290,6 +307,8 @@ class VirtualHost:
         message is dropped where it would cycle back to a queue without any rejection in the cycle.
         No DLX, or a DLX that does not exist: the message is dropped.
         """
+        if self.core.store is not None:
+            self.core.store.removed(msgs)   # gone from q for good, whether or not they are republished
         dlx_name = q.args.dead_letter_exchange
         if dlx_name is None:
             return
