@@ -10,11 +10,44 @@ dropped TCP connection, as a network cut).
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 from typing import Any, Callable, Sequence
 
+import pytest
+
 RABBITMQCTL_TIMEOUT = 30
+
+# Where the reference RabbitMQ is. Tests that need it call require_rabbitmq(): a skip with the reason when it
+# is not reachable, a failure under CI (SPARK_AMQP_REQUIRE_RABBITMQ=1).
+RABBITMQ_HOST = os.environ.get("SPARK_AMQP_RABBITMQ_HOST", "127.0.0.1")
+RABBITMQ_PORT = int(os.environ.get("SPARK_AMQP_RABBITMQ_PORT", "5672"))
+RABBITMQ_URL = f"amqp://guest:guest@{RABBITMQ_HOST}:{RABBITMQ_PORT}/%2F"
+REQUIRE_RABBITMQ = os.environ.get("SPARK_AMQP_REQUIRE_RABBITMQ") == "1"
+
+_reachable: bool | None = None
+
+
+def rabbitmq_reachable() -> bool:
+    global _reachable
+    if _reachable is None:
+        try:
+            with socket.create_connection((RABBITMQ_HOST, RABBITMQ_PORT), timeout=2):
+                _reachable = True
+        except OSError:
+            _reachable = False
+    return _reachable
+
+
+def require_rabbitmq() -> None:
+    if rabbitmq_reachable():
+        return
+    reason = (f"RabbitMQ is not reachable at {RABBITMQ_HOST}:{RABBITMQ_PORT} "
+              "(start it with `rabbitmq-server -detached`)")
+    if REQUIRE_RABBITMQ:
+        pytest.fail(reason + "; SPARK_AMQP_REQUIRE_RABBITMQ=1 forbids skipping")
+    pytest.skip(reason)
 
 
 def free_port() -> int:
@@ -196,8 +229,6 @@ def rabbitmq_setup(vhost: str, users: Sequence[str], setup: Callable[[], None], 
     `vhost` there, run `setup()` (rabbitmqctl users, permissions, AMQP declares...), and yield RabbitMQ's own
     export cut down to `vhost` and `users`, with True; the vhost and users are deleted afterwards. Without
     RabbitMQ, yield `fallback` (the same setup written in the export's format) and False."""
-    from conftest import rabbitmq_reachable
-
     if not rabbitmq_reachable():
         yield fallback, False
         return

@@ -9,39 +9,12 @@ unreachable RabbitMQ fails those tests instead. The embedded broker comes from o
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import uuid
 
 import pytest
 
-RABBITMQ_HOST = os.environ.get("SPARK_AMQP_RABBITMQ_HOST", "127.0.0.1")
-RABBITMQ_PORT = int(os.environ.get("SPARK_AMQP_RABBITMQ_PORT", "5672"))
-RABBITMQ_URL = f"amqp://guest:guest@{RABBITMQ_HOST}:{RABBITMQ_PORT}/%2F"
-REQUIRE_RABBITMQ = os.environ.get("SPARK_AMQP_REQUIRE_RABBITMQ") == "1"
-
-_reachable: bool | None = None
-
-
-def rabbitmq_reachable() -> bool:
-    global _reachable
-    if _reachable is None:
-        try:
-            with socket.create_connection((RABBITMQ_HOST, RABBITMQ_PORT), timeout=2):
-                _reachable = True
-        except OSError:
-            _reachable = False
-    return _reachable
-
-
-def require_rabbitmq() -> None:
-    if rabbitmq_reachable():
-        return
-    reason = (f"RabbitMQ is not reachable at {RABBITMQ_HOST}:{RABBITMQ_PORT} "
-              "(start it with `rabbitmq-server -detached`)")
-    if REQUIRE_RABBITMQ:
-        pytest.fail(reason + "; SPARK_AMQP_REQUIRE_RABBITMQ=1 forbids skipping")
-    pytest.skip(reason)
+from brokers import RABBITMQ_URL, require_rabbitmq
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pika
 import pika.exceptions
 import pytest
 from brokers import free_port, rabbitmq_setup, rabbitmqctl
-from conftest import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
+from brokers import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
 from spark_amqp_broker import Broker
 from spark_amqp_broker.access import MD5, SHA256, SHA512, hash_password
 from spark_amqp_broker.config import BrokerConfig

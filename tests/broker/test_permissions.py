@@ -21,7 +21,7 @@ import pika
 import pika.exceptions
 import pytest
 from brokers import rabbitmq_setup, rabbitmqctl
-from conftest import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
+from brokers import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
 from pamqp import commands as C
 from spark_amqp_broker import Broker
 from spark_amqp_broker.access import hash_password, is_loopback
