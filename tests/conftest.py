@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from brokers import RABBITMQ_URL, require_rabbitmq
+from brokers import RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq
 
 
 @pytest.fixture
