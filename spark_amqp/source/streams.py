@@ -167,7 +167,6 @@ class StreamLog:
         startingOffsets; `default` when neither is given)."""
         o = self.options
         streams = o["queue"]
-        tails = None
         if o.get("startingTimestamp") is not None:
             at = self.at_timestamp(o["startingTimestamp"])
             tails = self.tails() if any(v is None for v in at.values()) else {}
@@ -329,7 +328,7 @@ def _bounded(start: dict, end: dict, max_rows: int) -> dict:
             left -= take
             if left <= 0:
                 break
-    return {s: start.get(s, end[s]) + share[s] if s in start else end[s] for s in end}
+    return {s: start.get(s, end[s]) + share[s] for s in end}   # a stream new to `start` has no share
 
 
 class StreamBatchReader(DataSourceReader):
@@ -348,8 +347,8 @@ class StreamBatchReader(DataSourceReader):
             tails = log_.tails()
             end = {}
             for s in self.options["queue"]:
-                given = ending.get(s, -1) if isinstance(ending, dict) else -1
-                end[s] = (tails[s] or 0) if given in (-1, "latest") else int(given)
+                given = ending.get(s, -1) if isinstance(ending, dict) else -1   # "latest" or JSON
+                end[s] = (tails[s] or 0) if given == -1 else given
             return split_ranges(start, end, self.options.get("minPartitions"))
         finally:
             log_.close()
