@@ -207,6 +207,11 @@ OPTIONS = (
     Option("minPartitions", "source", None, _positive_int,
            "Stream mode: split the offset ranges of a batch into at least this many partitions "
            "(default: one per stream with new messages)."),
+    Option("journalPath", "source", None, _text,
+           "Queue mode: directory (local, or any URI pyarrow reaches: `file://`, `s3://`, `hdfs://`) where "
+           "each micro-batch's rows are written before Spark records its offset. A batch re-run after a "
+           "restart is then served from there, row for row the same, and the broker's redelivered copies "
+           "of its messages are acked and dropped: exactly-once with an idempotent sink. One per query."),
     Option("ack", "source", False, _bool,
            "Batch read (`spark.read`): ack what was read once the read completes (default: return it to the queue)."),
     Option("maxMessages", "source", None, _positive_int,
@@ -353,6 +358,9 @@ def parse(options, role: str) -> Options:
             (["failOnDataLoss"] if out.get("failOnDataLoss") is False else [])
         if out["queueType"] != "stream" and given:
             raise OptionError(given[0], "…", "applies to stream queues only: set queueType=stream")
+        if out["queueType"] == "stream" and out.get("journalPath"):
+            raise OptionError("journalPath", out["journalPath"], "applies to queue mode only: stream mode "
+                              "re-reads a batch's offset range exactly without a journal")
         if out["queueType"] == "stream":
             for n in ("startingOffsets", "endingOffsets"):
                 unknown = sorted(set(out[n]) - set(out["queue"])) if isinstance(out.get(n), dict) else []

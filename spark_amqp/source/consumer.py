@@ -55,20 +55,35 @@ class QueueState:
 
 
 @dataclass
+class Part:
+    """What one channel gave a batch: the deliveries that are rows, and the highest tag to ack."""
+    queue: str
+    channel: object
+    deliveries: list
+    last_tag: int
+    keys: list | None = None      # the journal's keys of `deliveries` (journalPath), set by the reader
+
+
+@dataclass
 class Batch:
-    """Deliveries of one micro-batch, and per channel the highest delivery tag to ack."""
+    """Deliveries of one micro-batch, by the channel they came on."""
     seq: int
-    deliveries: list = field(default_factory=list)      # [(queue name, [Delivery, ...]), ...]
-    ack_tags: list = field(default_factory=list)        # [(channel, highest tag), ...]
+    parts: list = field(default_factory=list)
+
+    @property
+    def deliveries(self) -> list:
+        """[(queue name, [Delivery, ...]), ...], rows in that order."""
+        return [(p.queue, p.deliveries) for p in self.parts]
 
     @property
     def count(self) -> int:
-        return sum(len(ds) for _, ds in self.deliveries)
+        return sum(len(p.deliveries) for p in self.parts)
 
 
 class QueueConsumer:
-    def __init__(self, options):
+    def __init__(self, options, journal=None):
         self.options = options
+        self.journal = journal      # BatchJournal (journalPath): redelivered copies it holds are dropped
         self.queues = [QueueState(name) for name in options["queue"]]
         self.prefetch = options.get("prefetch") or _default_prefetch(options)
         self.channels_per_queue = -(-self.prefetch // PREFETCH_MAX)
@@ -79,6 +94,8 @@ class QueueConsumer:
         self._ready: dict[str, tuple[int, int]] = {}   # per queue: (broker's ready count, received then)
         self._failures = 0
         self._next_attempt = 0.0
+        self.generation = 0         # connections opened so far (the current one's number)
+        self.fresh_in: dict[str, int] = {}   # per queue: the last generation that delivered a message not redelivered
 
     # --- session ---------------------------------------------------------------------------------
 
@@ -111,6 +128,7 @@ class QueueConsumer:
                     "first, or set option declare=declare)") from None
             raise SourceError(f"cannot consume from {self.options['queue']} on {redact(uri)}: {exc}") from None
         self._failures = 0
+        self.generation += 1
 
     def _open_queue(self, q: QueueState) -> None:
         o = self.options
@@ -195,7 +213,7 @@ class QueueConsumer:
                 if remaining <= 0:
                     break
                 try:
-                    timeout = max(0.0, deadline - time.monotonic()) if not batch.deliveries else 0.0
+                    timeout = max(0.0, deadline - time.monotonic()) if not batch.parts else 0.0
                     got = ch.get_deliveries(remaining, timeout=timeout / len(channels))
                 except ConsumerCancelledError:
                     log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting", q.name)
@@ -205,13 +223,35 @@ class QueueConsumer:
                     log.warning("AMQP source: lost channel for %s (%s); reconnecting", q.name, exc)
                     self._drop(q)
                     continue
+                if got and not got[-1].redelivered:
+                    # The broker puts redelivered messages back at the head of the queue: once one that is
+                    # not redelivered arrives, the copies released by earlier connections have all come.
+                    self.fresh_in[q.name] = self.generation
+                if got and self.journal is not None:
+                    got = self._drop_copies(q.name, ch, got)
                 if got:
                     self.taken[q.name] = self.taken.get(q.name, 0) + len(got)
-                    batch.deliveries.append((q.name, got))
-                    batch.ack_tags.append((ch, got[-1].delivery_tag))
+                    batch.parts.append(Part(q.name, ch, got, got[-1].delivery_tag))
                     remaining -= len(got)
         self.batches[seq] = batch
         return batch
+
+    def _drop_copies(self, queue: str, ch, got: list) -> list:
+        """Journal: the redelivered copies of journaled messages are acked now, one by one (a multiple ack
+        would ack this batch's own deliveries before their commit), and left out of the rows."""
+        kept = []
+        for d in got:
+            key = self.journal.claim(queue, d) if d.redelivered else None
+            if key is None:
+                kept.append(d)
+                continue
+            try:
+                ch.basic_ack(d.delivery_tag)
+            except AMQPError:
+                self.journal.release(key)       # comes back again, and is matched again
+            else:
+                self.journal.acked([key])
+        return kept
 
     def pending(self) -> int:
         """Deliveries received and not yet in a batch."""
@@ -249,18 +289,26 @@ class QueueConsumer:
             return 0
         highest: dict = {}
         count = 0
+        parts = []
         for s in done:
             batch = self.batches.pop(s)
-            for channel, tag in batch.ack_tags:
-                if channel.is_open:
-                    highest[channel] = max(tag, highest.get(channel, 0))
+            for part in batch.parts:
+                if part.channel.is_open:
+                    highest[part.channel] = max(part.last_tag, highest.get(part.channel, 0))
+                    parts.append((s, part))
             count += batch.count
+        failed = set()
         for channel, tag in highest.items():
             try:
                 channel.basic_ack(tag, multiple=True)
             except AMQPError as exc:
+                failed.add(channel)
                 log.warning("AMQP source: could not ack through batch %s (%s); the broker will redeliver",
                             seq, exc)
+        if self.journal is not None:
+            for s, part in parts:
+                if part.channel not in failed and part.keys:
+                    self.journal.acked(part.keys, seq=s)
         return count
 
     def ready_count(self) -> int:

@@ -34,7 +34,8 @@ except ImportError:   # PySpark 4.0 / 4.1
     ADMISSION_CONTROL = False
 
 from . import arrow_rows
-from .consumer import QueueConsumer
+from .consumer import Batch, QueueConsumer
+from .journal import BatchJournal, batch_keys
 
 log = logging.getLogger("spark_amqp.source")
 
@@ -74,6 +75,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._latest = 0       # the last batch planned
         self._idle = True      # the last latestOffset planned nothing new
         self._backlog_asked = 0.0
+        self._journal: BatchJournal | None = None
+        self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -85,10 +88,38 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         """The driver's consumer, connected on first use (errors here fail the query with a clear text).
         Its consumers start with the first batch taken, so that an availableNow count is exact."""
         if self._consumer is None:
-            consumer = QueueConsumer(self.options)
+            if self.options.get("journalPath") and self._journal is None:
+                self._journal = BatchJournal(self.options["journalPath"])
+                self._journal.load()
+            consumer = QueueConsumer(self.options, journal=self._journal)
             consumer.connect(consume=False)
             self._consumer = consumer
         return self._consumer
+
+    def _planned(self, batch: Batch) -> None:
+        """Driver, in latestOffset, for a batch with rows, before its offset is returned to Spark: with
+        journalPath, its rows are written durably now (the file every later attempt is served from)."""
+        if self._journal is None:
+            return
+        record_batch = arrow_rows.to_record_batch(batch.deliveries)
+        keys = batch_keys(record_batch, batch.deliveries)
+        at = 0
+        for part in batch.parts:
+            part.keys = keys[at:at + len(part.deliveries)]
+            at += len(part.deliveries)
+        self._journal.record(batch.seq, record_batch, keys, self._consumer.generation)
+        self._built[batch.seq] = record_batch
+
+    def _ack_through(self, seq: int) -> None:
+        """Driver: batches through `seq` are committed; ack them (and let the journal drop their files)."""
+        consumer = self._consumer
+        consumer.ack_through(seq)
+        if self._journal is not None:
+            for done in [s for s in self._built if s <= seq]:
+                del self._built[done]
+            if len(consumer.fresh_in) == len(consumer.queues):
+                self._journal.expire(min(consumer.fresh_in.values()))
+            self._journal.settle(seq)
 
     def initialOffset(self) -> dict:
         """Driver. A new query starts at batch 0; connecting here reports bad options at once."""
@@ -120,22 +151,39 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         that stopped before its commit: it is taken again from what the broker redelivers."""
         consumer = self._session()
         batch = consumer.batches.get(seq)
-        if batch is None:
+        record_batch = self._built.get(seq)
+        if batch is None and record_batch is None and self._journal is not None:
+            record_batch = self._from_journal(seq)
+        if batch is None and record_batch is None:
             batch = consumer.take(seq, self._batch_cap(self.options.get("maxMessagesPerTrigger")), REPLAY_WAIT)
             self._replayed(batch.count)
-        if not batch.count:
+        if record_batch is None:
+            if not batch.count:
+                return []
+            record_batch = arrow_rows.to_record_batch(batch.deliveries)
+        if not record_batch.num_rows:
             return []
-        record_batch = arrow_rows.to_record_batch(batch.deliveries)
         return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, ROWS_PER_PARTITION)))
                 for offset in range(0, record_batch.num_rows, ROWS_PER_PARTITION)]
 
+    def _from_journal(self, seq: int):
+        """Driver: batch `seq` as an earlier run journaled it (None if it did not), kept until its commit
+        (Spark may ask for a batch's partitions more than once)."""
+        record_batch = self._journal.rows(seq)
+        if record_batch is not None:
+            log.info("AMQP source: batch %s re-planned: %d row(s) from the journal", seq, record_batch.num_rows)
+            self._built[seq] = record_batch
+            self._replayed(record_batch.num_rows)
+        return record_batch
+
     def _replayed(self, count: int) -> None:
-        """Driver: a batch of `count` redelivered messages was taken for a batch planned by an earlier run."""
+        """Driver: a batch of `count` rows was taken for a batch planned by an earlier run (from the broker's
+        redeliveries, or from the journal)."""
 
     def commit(self, end: dict) -> None:
         """Driver. Spark finished the batch ending at `end`: the same signal latestOffset acted on."""
         if self._consumer is not None:
-            self._consumer.ack_through(int(end["seq"]))
+            self._ack_through(int(end["seq"]))
 
     def stop(self) -> None:
         """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true)."""
@@ -175,8 +223,11 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
         """Driver, every trigger. Acks what earlier triggers ran, then plans the next batch from what has
         arrived; returns the last batch's offset when there is nothing new."""
         consumer = self._session()
-        consumer.ack_through(self._handed)
+        self._ack_through(self._handed)
         planned = [s for s in consumer.batches if s > self._handed]
+        if self._journal is not None:
+            # Journaled by a run that died before Spark logged the offset: that batch comes next.
+            planned += [s for s in self._journal.outstanding if s > (self._known or -1) and s > self._handed]
         if planned:
             # Asked again before the planned batch ran: the same batch, not a second one.
             end = max(planned)
@@ -190,6 +241,7 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
                 consumer.wait_pending(cap, FILL_WAIT)
             batch = consumer.take(seq, cap)
             if batch.count:
+                self._planned(batch)
                 end = seq
             else:
                 consumer.batches.pop(seq, None)
@@ -256,10 +308,13 @@ if ADMISSION_CONTROL:
         def _latest_offset(self, start: dict, limit) -> dict:
             consumer = self._session()
             seq = int(start["seq"])
-            consumer.ack_through(seq)
+            self._ack_through(seq)
             if seq + 1 in consumer.batches:
                 # Asked again from the same start before that batch ran: the same batch, not a second one
                 # (a second would strand the first one's deliveries unacked until the connection closes).
+                return {"seq": seq + 1}
+            if self._journal is not None and self._from_journal(seq + 1) is not None:
+                # Journaled by a run that died before Spark logged its offset: that batch is this one.
                 return {"seq": seq + 1}
             cap = self._batch_cap(limit.max_rows if isinstance(limit, ReadMaxRows) else None)
             if self._available_now_left is not None:
@@ -281,6 +336,7 @@ if ADMISSION_CONTROL:
                 return start
             if self._available_now_left is not None:
                 self._available_now_left -= batch.count
+            self._planned(batch)
             return {"seq": seq + 1}
 
         def _take_available_now(self, consumer: QueueConsumer, seq: int, cap: int):
