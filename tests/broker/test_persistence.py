@@ -11,12 +11,8 @@ again. A torn last journal record (truncated, or a flipped byte) is dropped with
 from __future__ import annotations
 
 import os
-import queue
-import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pika
@@ -24,50 +20,11 @@ import pika.exceptions
 import pytest
 
 from spark_amqp_broker import Broker
+from brokers import BrokerProcess
 from helpers import pika_connect, queue_exists
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)
-
-
-class BrokerProcess:
-    """`python -m spark_amqp_broker --port 0 --data-dir D`, its port read from its log, its log kept."""
-
-    def __init__(self, data_dir, *extra: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_amqp_broker", "--port", "0", "--data-dir", str(data_dir), *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + 20
-        self.port = None
-        while self.port is None:
-            line = self._queue.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert line is not None, f"the broker exited early: {self.lines}"
-            m = re.search(r"broker listening on 127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def stop(self, how: str) -> None:
-        if how == "kill":
-            self.proc.kill()
-        else:
-            self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=20) == (-signal.SIGKILL if how == "kill" else 0)
-        self._reader.join(timeout=10)
-        self.proc.stderr.close()
-
-    def log(self) -> str:
-        return "".join(self.lines)
 
 
 @pytest.fixture

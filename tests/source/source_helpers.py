@@ -9,7 +9,13 @@ Every Spark query a test starts is stopped after it, so a failing test does not 
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pika
 import psutil
@@ -241,3 +247,51 @@ def run_available_now(start_query, timeout: float = 60) -> int:
         if ADMISSION_CONTROL or rows == 0:
             return runs
         assert runs < 100, "100 availableNow runs did not drain the source"
+
+
+# --- a streaming job in its own driver process (stream_job.py), for the tests that kill the driver ---------
+
+JOB = Path(__file__).with_name("stream_job.py")
+
+
+def job_spec(url: str, queue: str, chk: str, out: Path, **options) -> dict:
+    """One query of a stream_job.py driver."""
+    return {"url": url, "queue": queue, "checkpoint": chk, "out": str(out),
+            "options": {k: str(v) for k, v in options.items()}}
+
+
+def start_job(mode: str, per_trigger: int, *specs: dict) -> subprocess.Popen:
+    """stream_job.py running `specs` side by side, in a new session (so that kill_group reaches its JVM
+    and Python workers)."""
+    child_env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    return subprocess.Popen([sys.executable, str(JOB), mode, str(per_trigger), json.dumps(list(specs))],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                            start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill what is left of a job (its JVM and Python workers share its session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait(timeout=30)
+
+
+def job_batches(out: Path) -> dict[int, list[list[tuple[bytes, bool]]]]:
+    """Per batch id, the rows of each attempt that wrote it (files `<run>-<batch id>.txt`), as
+    [(body, redelivered), ...]."""
+    attempts: dict[int, list] = {}
+    for f in sorted(out.glob("*.txt")):
+        batch_id = int(f.stem.rsplit("-", 1)[1])
+        rows = []
+        for line in f.read_text().splitlines():
+            body, redelivered = line.split("\t")
+            rows.append((body.encode(), redelivered == "True"))
+        attempts.setdefault(batch_id, []).append(rows)
+    return attempts
+
+
+def job_rows(out: Path) -> list[tuple[bytes, bool]]:
+    """Every row every attempt wrote."""
+    return [row for attempts in job_batches(out).values() for rows in attempts for row in rows]

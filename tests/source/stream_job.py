@@ -1,23 +1,27 @@
-"""A streaming job in its own driver process, for tests that kill the driver (test_restart.py).
+"""Streaming jobs in their own driver process, for tests that kill the driver (test_restart.py, test_faults.py).
 
-    python stream_job.py URL QUEUE CHECKPOINT OUTDIR (stream|availableNow) MAX_PER_TRIGGER
+    python stream_job.py (stream|availableNow) MAX_PER_TRIGGER SPECS_JSON
 
-Reads QUEUE with `spark.readStream.format("amqp")` -- no `register` call, so it also proves that PySpark
+SPECS_JSON is a list of queries to run side by side in the one driver, each
+`{"url", "queue", "checkpoint", "out", "options": {more source options}}` (one kill -9 then hits all of
+them, on one JVM start: several brokers or modes are tested for the price of one driver). Each reads its
+queue with `spark.readStream.format("amqp")` -- no `register` call, so it also proves that PySpark
 discovers the `pyspark_amqp` module in a fresh process -- and writes each micro-batch's rows to
-OUTDIR/<run>-<batch id>.txt (one "body<TAB>redelivered" line per row, written to a temporary name and
-renamed, so a file that exists is complete). Prints "BATCH <id> <rows>" after each batch. `stream` runs
-until killed; `availableNow` drains and exits 0.
+<out>/<run>-<batch id>.txt (one "body<TAB>redelivered" line per row, written to a temporary name and
+renamed, so a file that exists is complete). `stream` runs until killed; `availableNow` drains every
+query and exits 0.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import uuid
 
 
 def main() -> int:
-    url, queue, chk, outdir, mode, max_per_trigger = sys.argv[1:7]
+    mode, max_per_trigger, specs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -31,33 +35,37 @@ def main() -> int:
     spark.sparkContext.setLogLevel("ERROR")
     run = uuid.uuid4().hex[:8]
 
-    def write(df, batch_id):
-        rows = df.collect()
-        path = os.path.join(outdir, f"{run}-{batch_id}.txt")
-        with open(path + ".tmp", "w") as f:
-            for r in rows:
-                f.write(f"{bytes(r.body).decode()}\t{r.redelivered}\n")
-        os.rename(path + ".tmp", path)
-        print(f"BATCH {batch_id} {len(rows)}", flush=True)
+    def writer_for(spec):
+        def write(df, batch_id):
+            rows = df.collect()
+            path = os.path.join(spec["out"], f"{run}-{batch_id}.txt")
+            with open(path + ".tmp", "w") as f:
+                for r in rows:
+                    f.write(f"{bytes(r.body).decode()}\t{r.redelivered}\n")
+            os.rename(path + ".tmp", path)
+        df = (spark.readStream.format("amqp").option("uri", spec["url"]).option("queue", spec["queue"])
+              .option("maxMessagesPerTrigger", max_per_trigger).options(**spec.get("options", {})).load())
+        return df.writeStream.foreachBatch(write).option("checkpointLocation", spec["checkpoint"])
 
-    df = (spark.readStream.format("amqp").option("uri", url).option("queue", queue)
-          .option("maxMessagesPerTrigger", max_per_trigger).load())
-    writer = df.writeStream.foreachBatch(write).option("checkpointLocation", chk)
-    if mode == "availableNow":
-        while True:   # one run drains on PySpark >= 4.2; on 4.0/4.1 a run reads one batch: until one is empty
-            query = writer.trigger(availableNow=True).start()
+    writers = [writer_for(spec) for spec in specs]
+    if mode != "availableNow":
+        for w in writers:
+            w.trigger(processingTime="300 milliseconds").start()
+        spark.streams.awaitAnyTermination()
+        return 1
+    pending = list(writers)
+    while pending:   # one run drains on PySpark >= 4.2; on 4.0/4.1 a run reads one batch: until one is empty
+        queries = [(w, w.trigger(availableNow=True).start()) for w in pending]
+        pending = []
+        for w, query in queries:
             if not query.awaitTermination(120):
                 print("availableNow run did not end in 120 s", flush=True)
                 return 2
-            if ADMISSION_CONTROL or query.exception() is not None \
-                    or not sum(p["numInputRows"] for p in query.recentProgress):
-                break
-    else:
-        query = writer.trigger(processingTime="300 milliseconds").start()
-        query.awaitTermination()
-    if query.exception() is not None:
-        print(f"query failed: {query.exception()}", flush=True)
-        return 1
+            if query.exception() is not None:
+                print(f"query failed: {query.exception()}", flush=True)
+                return 1
+            if not ADMISSION_CONTROL and sum(p["numInputRows"] for p in query.recentProgress):
+                pending.append(w)
     spark.stop()
     return 0
 

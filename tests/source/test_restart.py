@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
-from source_helpers import Collector, checkpoint, run_available_now, stream
+import pytest
+
+from source_helpers import (Collector, checkpoint, job_rows, job_spec, kill_group, run_available_now, start_job,
+                            stream)
 from waiting import wait_until
-
-JOB = Path(__file__).with_name("stream_job.py")
 
 
 def _check_duplicates_are_redelivered(rows) -> None:
@@ -57,34 +55,9 @@ def test_restart_after_stop_delivers_everything_at_least_once(spark, env, tmp_pa
     assert env.state(q) == (0, 0), "the queue did not drain"
 
 
-def _job(env_url, queue, chk, out, mode) -> subprocess.Popen:
-    """The job in its own driver process: small batches while it streams (so that it is killed between
-    batches), larger ones to drain (on PySpark 4.0/4.1 an availableNow run reads one batch)."""
-    child_env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    per_trigger = "5" if mode == "stream" else "20"
-    return subprocess.Popen([sys.executable, str(JOB), env_url, queue, chk, str(out), mode, per_trigger],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
-                            start_new_session=True)
-
-
-def _read_output(out: Path) -> list[tuple[bytes, bool]]:
-    rows = []
-    for f in sorted(out.glob("*.txt")):
-        for line in f.read_text().splitlines():
-            body, redelivered = line.split("\t")
-            rows.append((body.encode(), redelivered == "True"))
-    return rows
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill what is left of a job we started (its JVM and Python workers share its session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait(timeout=30)
-
-
+# RabbitMQ only: the embedded broker is killed under (and with) a journal in test_faults.py, whose driver
+# restarts cost as much as this test's.
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
 def test_restart_after_killing_the_driver_delivers_everything_at_least_once(env, tmp_path):
     total = 60
     q = env.queue("kill")
@@ -93,14 +66,14 @@ def test_restart_after_killing_the_driver_delivers_everything_at_least_once(env,
     out.mkdir()
     env.publish(q, [f"k{i}" for i in range(total)])
 
-    job = _job(env.url, q, chk, out, "stream")
+    job = start_job("stream", 5, job_spec(env.url, q, chk, out))
     try:
         wait_until(lambda: len(list(out.glob("*.txt"))) >= 2 or job.poll() is not None, 120, interval=0.1,
                    message="two batches from the first driver")
         assert job.poll() is None, f"the first job ended on its own:\n{job.stdout.read()}"
         os.kill(job.pid, signal.SIGKILL)               # the driver only, mid-stream
         job.wait(timeout=30)
-        before = _read_output(out)
+        before = job_rows(out)
         assert len(before) < total, "the first driver finished before it was killed; nothing to test"
         # The driver is gone: its AMQP connection must go too, and what it held returns to the queue.
         # (The JVM may outlive the Python driver by a moment and ack a batch Spark had committed.)
@@ -108,16 +81,17 @@ def test_restart_after_killing_the_driver_delivers_everything_at_least_once(env,
                    message="the killed driver's unacked deliveries to return to the queue")
         env.wait_no_consumer(q, timeout=30)
     finally:
-        _kill_group(job)
+        kill_group(job)
 
-    job = _job(env.url, q, chk, out, "availableNow")
+    # (On PySpark 4.0/4.1 an availableNow run reads one batch: larger ones drain in fewer runs.)
+    job = start_job("availableNow", 20, job_spec(env.url, q, chk, out))
     try:
         log, _ = job.communicate(timeout=180)
     finally:
-        _kill_group(job)
+        kill_group(job)
     assert job.returncode == 0, f"the restarted job failed:\n{log[-3000:]}"
 
-    rows = _read_output(out)
+    rows = job_rows(out)
     assert {b for b, _ in rows} == {f"k{i}".encode() for i in range(total)}, "messages lost after kill -9"
     for body, n in Counter(b for b, _ in rows).items():
         if n > 1:

@@ -5,10 +5,18 @@ batch reads work on every version."""
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import psutil
 
 from source_helpers import Collector, checkpoint, needs_admission_control, run_available_now, stream
 from waiting import wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from socket_bytes import ReceivedBytes  # noqa: E402  (bench/: the stream benchmark measures the same way)
 
 
 def _rows_of(sink) -> list[tuple[str, int, bytes]]:
@@ -91,6 +99,38 @@ def test_available_now_reads_to_the_end_the_run_started_with(spark, env, tmp_pat
     assert query.exception() is None
     assert [r.stream_offset for r in sink.rows] == list(range(25))
     assert sorted(len(rows) for rows in sink.batches.values() if rows) == [5, 10, 10]
+
+
+@needs_admission_control
+def test_message_data_does_not_flow_through_the_driver(spark, env, tmp_path):
+    """The kernel's per-socket byte counts while a stream query reads 20,000 x 500 B in 4 partitions: the
+    executors' Python workers receive the data; the driver's source process only its probes (the last
+    chunk of the stream, a few times)."""
+    s = env.stream()
+    total, size = 20_000, 500
+    for start in range(0, total, 2000):
+        env.publish_bulk(s, [b"%06d" % i + b"x" * (size - 6) for i in range(start, start + 2000)])
+    with ReceivedBytes(urlparse(env.url).port or 5672) as received:
+        query = (stream(spark, env.url, s, queueType="stream", startingOffsets="earliest", minPartitions=4)
+                 .writeStream.format("noop").option("checkpointLocation", checkpoint(tmp_path))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120)
+    assert query.exception() is None
+    assert sum(p["numInputRows"] for p in query.recentProgress) == total
+    driver = executors = 0
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}   # Spark's JVM and Python workers
+    for pid, n in received.by_pid().items():
+        try:
+            cmdline = " ".join(psutil.Process(pid).cmdline())
+        except psutil.NoSuchProcess:
+            cmdline = None        # a worker that has exited since: Spark's, or another test process's
+        if cmdline is not None and "streaming_source_runner" in cmdline:
+            driver += n
+        elif pid in ours:
+            executors += n
+    data = total * size
+    assert executors >= data, f"the executors received {executors:,} B of {data:,} B of bodies"
+    assert driver < data // 20, f"the driver received {driver:,} B, {100 * driver / data:.1f}% of the data"
 
 
 def test_batch_read_of_an_offset_range_in_parallel_partitions(spark, env):

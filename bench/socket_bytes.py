@@ -1,0 +1,77 @@
+"""Bytes each process received over TCP from one server port, read from the kernel (`ss -tinp`).
+
+Why the kernel: the question "does message data flow through the Spark driver?" must be answered from
+outside the connector, by counting what the driver's processes really received. `ss -i` reports each TCP
+socket's `bytes_received` (tcp_info) and `-p` its owning process. A socket's count is kept at the highest
+value sampled, so a connection that closes between two samples loses at most one interval's bytes; the
+driver's connection lives for the whole query and is sampled before it closes.
+
+Used by bench/stream_read_throughput.py and tests/source/test_stream_mode.py. Linux only; needs `ss`
+(iproute2) and the right to see the sockets of the processes (same user, or root).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+from collections import defaultdict
+
+_PROCESS = re.compile(r'users:\(\("[^"]*",pid=(\d+),fd=\d+\)')
+_RECEIVED = re.compile(r"bytes_received:(\d+)")
+
+
+def sample(port: int) -> dict[tuple[str, int], int]:
+    """{(local address, pid): bytes received} for every established TCP socket whose peer port is `port`."""
+    out = subprocess.run(["ss", "-tinpH", "state", "established", f"( dport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    found: dict[tuple[str, int], int] = {}
+    local = pid = None
+    for line in out.splitlines():
+        if not line.startswith((" ", "\t")):            # a socket line: Recv-Q Send-Q Local Peer users:...
+            fields = line.split()
+            local = fields[2] if len(fields) > 3 else None
+            m = _PROCESS.search(line)
+            pid = int(m.group(1)) if m else None
+        else:                                           # its tcp_info line
+            m = _RECEIVED.search(line)
+            if m and local and pid is not None:
+                found[(local, pid)] = int(m.group(1))
+    return found
+
+
+class ReceivedBytes:
+    """Samples `sample(port)` every `interval` seconds in a thread, from `with` to its end."""
+
+    def __init__(self, port: int, interval: float = 0.05):
+        self.port = port
+        self.interval = interval
+        self.sockets: dict[tuple[str, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _take(self) -> None:
+        for key, n in sample(self.port).items():
+            if n > self.sockets.get(key, -1):
+                self.sockets[key] = n
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._take()
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._take()
+
+    def by_pid(self) -> dict[int, int]:
+        """Bytes received per process, summed over its sockets."""
+        total: dict[int, int] = defaultdict(int)
+        for (_, pid), n in self.sockets.items():
+            total[pid] += n
+        return dict(total)
