@@ -17,6 +17,22 @@ import pytest
 from brokers import RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq
 
 
+# Tests that must share one pytest-xdist worker: the ones that use the session's SparkSession (one per
+# process, and two on two cores only slow each other down), the session's second RabbitMQ node (one node
+# name and port set per machine), or start Spark drivers of their own in tests/source.
+ONE_WORKER_FIXTURES = {"spark", "rabbitmq_tls", "rabbitmq_external"}
+ONE_WORKER_DIRS = ("tests/source/", "tests/sink/", "tests/connect/")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Group the tests above on one worker (`--dist loadgroup`); the rest (the broker's differential
+    tests, mostly waiting on sockets) run on the other worker meanwhile."""
+    for item in items:
+        path = item.nodeid.replace("\\", "/")
+        if ONE_WORKER_FIXTURES & set(item.fixturenames) or path.startswith(ONE_WORKER_DIRS):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture
 def rabbitmq_url() -> str:
     """The reference RabbitMQ broker's URL (skips, or fails under CI, when it is down)."""
