@@ -17,6 +17,8 @@ import subprocess
 import threading
 from collections import defaultdict
 
+import psutil
+
 _PROCESS = re.compile(r'users:\(\("[^"]*",pid=(\d+),fd=\d+\)')
 _RECEIVED = re.compile(r"bytes_received:(\d+)")
 
@@ -47,6 +49,7 @@ class ReceivedBytes:
         self.port = port
         self.interval = interval
         self.sockets: dict[tuple[str, int], int] = {}
+        self.cmdlines: dict[int, str] = {}     # read when first seen: a process may be gone by the end
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -54,6 +57,12 @@ class ReceivedBytes:
         for key, n in sample(self.port).items():
             if n > self.sockets.get(key, -1):
                 self.sockets[key] = n
+            pid = key[1]
+            if pid not in self.cmdlines:
+                try:
+                    self.cmdlines[pid] = " ".join(psutil.Process(pid).cmdline())
+                except psutil.Error:
+                    self.cmdlines[pid] = ""
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -68,6 +77,16 @@ class ReceivedBytes:
         self._stop.set()
         self._thread.join()
         self._take()
+
+    def received_by(self, marker: str) -> tuple[int, int]:
+        """(bytes received by the processes whose command line contains `marker`, by all the others)."""
+        mine = others = 0
+        for pid, n in self.by_pid().items():
+            if marker in self.cmdlines.get(pid, ""):
+                mine += n
+            else:
+                others += n
+        return mine, others
 
     def by_pid(self) -> dict[int, int]:
         """Bytes received per process, summed over its sockets."""

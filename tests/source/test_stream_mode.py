@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-import psutil
 
 from source_helpers import Collector, checkpoint, needs_admission_control, run_available_now, stream
 from waiting import wait_until
@@ -117,17 +116,9 @@ def test_message_data_does_not_flow_through_the_driver(spark, env, tmp_path):
         assert query.awaitTermination(120)
     assert query.exception() is None
     assert sum(p["numInputRows"] for p in query.recentProgress) == total
-    driver = executors = 0
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}   # Spark's JVM and Python workers
-    for pid, n in received.by_pid().items():
-        try:
-            cmdline = " ".join(psutil.Process(pid).cmdline())
-        except psutil.NoSuchProcess:
-            cmdline = None        # a worker that has exited since: Spark's, or another test process's
-        if cmdline is not None and "streaming_source_runner" in cmdline:
-            driver += n
-        elif pid in ours:
-            executors += n
+    driver, _ = received.received_by("streaming_source_runner")
+    executors, _ = received.received_by("pyspark.daemon")     # the executors' Python workers
+    assert driver > 0, "no bytes counted for the driver's source process: the measurement is broken"
     data = total * size
     assert executors >= data, f"the executors received {executors:,} B of {data:,} B of bodies"
     assert driver < data // 20, f"the driver received {driver:,} B, {100 * driver / data:.1f}% of the data"
