@@ -39,7 +39,9 @@ from . import arrow_rows
 log = logging.getLogger("spark_amqp.source")
 
 KEY_COLUMN = "_journal_key"
-_NAME = re.compile(r"^batch-(\d{20})\.arrow$")
+# `batch-<seq>.arrow` until its batch is committed; a file that outlives its commit (its messages' acks not
+# yet known to have gone out) is renamed `committed-<seq>.arrow`: kept for matching, never served again.
+_NAME = re.compile(r"^(batch|committed)-(\d{20})\.arrow$")
 
 
 def delivery_key(queue: str, delivery, message_id: str | None) -> bytes:
@@ -86,15 +88,20 @@ class BatchJournal:
         self.outstanding: dict[int, Counter] = {}     # per journaled batch: keys not yet acked live
         self.generation: dict[int, int] = {}          # per journaled batch: the connection it came on
         self.committed = -1                           # the highest batch known committed
+        self.committed_files: set[int] = set()        # batches whose file is named committed-<seq>
 
     # --- files -------------------------------------------------------------------------------------
 
     def _file(self, seq: int) -> str:
-        return f"{self.root.rstrip('/')}/batch-{seq:020d}.arrow"
+        kind = "committed" if seq in self.committed_files else "batch"
+        return f"{self.root.rstrip('/')}/{kind}-{seq:020d}.arrow"
 
     def seqs(self) -> list[int]:
+        """The batches with a file; those whose file says committed are noted in `committed_files`."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
-        return sorted(int(m.group(1)) for i in infos if (m := _NAME.match(i.base_name)))
+        found = [(m.group(1), int(m.group(2))) for i in infos if (m := _NAME.match(i.base_name))]
+        self.committed_files.update(seq for kind, seq in found if kind == "committed")
+        return sorted(seq for _, seq in found)
 
     def load(self) -> int:
         """At the start of a run: every file left by an earlier run waits for its messages' redelivered
@@ -142,11 +149,15 @@ class BatchJournal:
         return batches[0]
 
     def rows(self, seq: int) -> pa.RecordBatch | None:
-        """Batch `seq` as first planned, or None if it was never journaled (or is gone: committed)."""
-        if seq not in self.outstanding:
+        """Batch `seq` as first planned, or None if it was never journaled, or is committed."""
+        if seq not in self.outstanding or seq in self.committed_files:
             return None
         batch = self._read(seq)
         return batch.drop_columns([KEY_COLUMN])
+
+    def uncommitted(self) -> list[int]:
+        """The batches whose files are not known to be committed (planned, perhaps by an earlier run)."""
+        return [seq for seq in self.outstanding if seq not in self.committed_files]
 
     # --- matching --------------------------------------------------------------------------------
 
@@ -191,16 +202,25 @@ class BatchJournal:
 
     def settle(self, committed: int) -> list[int]:
         """Batches through `committed` are in Spark's commit log: remove the files of those whose messages
-        were all acked live. Returns the batches removed."""
+        were all acked live, and mark the others committed (a later run must not serve them as a batch).
+        Returns the batches removed."""
         self.committed = max(self.committed, committed)
         self.expected = +self.expected      # drop the keys counted down to zero (or below)
-        done = [seq for seq, waiting in self.outstanding.items()
-                if seq <= self.committed and not +waiting]
-        for seq in done:
-            del self.outstanding[seq]
-            del self.generation[seq]
-            try:
-                self.fs.delete_file(self._file(seq))
-            except FileNotFoundError:
-                pass
+        done = []
+        for seq, waiting in list(self.outstanding.items()):
+            if seq > self.committed:
+                continue
+            if not +waiting:
+                try:
+                    self.fs.delete_file(self._file(seq))
+                except FileNotFoundError:
+                    pass
+                del self.outstanding[seq]
+                del self.generation[seq]
+                self.committed_files.discard(seq)
+                done.append(seq)
+            elif seq not in self.committed_files:
+                before = self._file(seq)
+                self.committed_files.add(seq)
+                self.fs.move(before, self._file(seq))
         return done

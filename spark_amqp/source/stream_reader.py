@@ -227,7 +227,7 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
         planned = [s for s in consumer.batches if s > self._handed]
         if self._journal is not None:
             # Journaled by a run that died before Spark logged the offset: that batch comes next.
-            planned += [s for s in self._journal.outstanding if s > (self._known or -1) and s > self._handed]
+            planned += [s for s in self._journal.uncommitted() if s > (self._known or -1) and s > self._handed]
         if planned:
             # Asked again before the planned batch ran: the same batch, not a second one.
             end = max(planned)
