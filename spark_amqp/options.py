@@ -206,7 +206,7 @@ OPTIONS = (
            "`false`: log what was skipped and continue from the first offset still there."),
     Option("minPartitions", "source", None, _positive_int,
            "Stream mode: split the offset ranges of a batch into at least this many partitions "
-           "(default: one per stream with new messages)."),
+           "(default: one per stream with new messages, and one per 100,000 offsets of a longer range)."),
     Option("journalPath", "source", None, _text,
            "Queue mode: directory (local, or any URI pyarrow reaches: `file://`, `s3://`, `hdfs://`) where "
            "each micro-batch's rows are written before Spark records its offset. A batch re-run after a "

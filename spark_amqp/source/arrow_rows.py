@@ -7,6 +7,7 @@ producer usually share their properties exactly, so most batches decode a handfu
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from .. import properties as props
@@ -17,12 +18,18 @@ _EMPTY: dict = {}
 
 
 def to_record_batch(deliveries_by_queue: list[tuple[str, list]],
-                    stream_offsets: list[int] | None = None) -> pa.RecordBatch:
-    """One record batch from [(queue name, [Delivery, ...]), ...], rows in that order; `stream_offsets`,
-    one per row, fills the `stream_offset` column (stream mode; null in queue mode)."""
+                    stream_offsets: list[int] | None = None,
+                    stream_properties: list[bytes] | None = None, offset_first: bool = False) -> pa.RecordBatch:
+    """One record batch from [(queue name, [Delivery, ...]), ...], rows in that order.
+
+    Stream mode: `stream_offsets`, one per row, fills the `stream_offset` column (null in queue mode), and
+    `stream_properties` are the rows' property bytes without their `x-stream-offset` header (which differs
+    on every delivery, so that the decoding cache would never hit); the header is put back into `headers`
+    (first if `offset_first`, else last) as the broker delivered it."""
     bodies, exchanges, keys, queues, tags, redelivered = [], [], [], [], [], []
     decoded = []
     cache: dict[bytes, dict] = {}
+    raws = iter(stream_properties) if stream_properties is not None else None
     for queue, deliveries in deliveries_by_queue:
         bodies += [d.body for d in deliveries]
         exchanges += [d.exchange for d in deliveries]
@@ -31,7 +38,7 @@ def to_record_batch(deliveries_by_queue: list[tuple[str, list]],
         tags += [d.delivery_tag for d in deliveries]
         redelivered += [d.redelivered for d in deliveries]
         for d in deliveries:
-            raw = d.properties_raw
+            raw = d.properties_raw if raws is None else next(raws)
             values = cache.get(raw)
             if values is None:
                 values = props.to_columns(raw) if raw != EMPTY_PROPERTIES else _EMPTY
@@ -49,21 +56,62 @@ def to_record_batch(deliveries_by_queue: list[tuple[str, list]],
         "redelivered": pa.array(redelivered, pa.bool_()),
         "stream_offset": pa.nulls(n, pa.int64()) if stream_offsets is None else pa.array(stream_offsets, pa.int64()),
     }
+    # One producer's messages usually share their properties: then every column is one value repeated.
+    shared = next(iter(cache.values())) if len(cache) == 1 else None
     for name in PROPERTY_COLUMNS:
-        field = ARROW_SCHEMA.field(name)
-        if len(cache) == 1 and not next(iter(cache.values())):   # no properties at all: all null
-            columns[name] = pa.nulls(n, field.type)
-            if name == "headers":
-                columns["header_types"] = pa.nulls(n, field.type)
-            continue
-        values = [v.get(name) for v in decoded]
         if name == "headers":
-            columns["header_types"] = pa.array(
-                [None if v.get("header_types") is None else list(v["header_types"].items()) for v in decoded],
-                ARROW_SCHEMA.field("header_types").type)
-            values = [None if h is None else list(h.items()) for h in values]
-        columns[name] = pa.array(values, field.type)
+            continue
+        field = ARROW_SCHEMA.field(name)
+        if shared is not None:
+            value = shared.get(name)
+            columns[name] = pa.nulls(n, field.type) if value is None else pa.array([value] * n, field.type)
+        else:
+            columns[name] = pa.array([v.get(name) for v in decoded], field.type)
+    if shared is not None and stream_properties is not None:
+        columns["headers"], columns["header_types"] = _shared_with_offset(
+            shared.get("headers") or {}, shared.get("header_types") or {}, stream_offsets, offset_first)
+        return pa.RecordBatch.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+    if shared is not None:
+        h, t = shared.get("headers"), shared.get("header_types")
+        headers = [None if h is None else list(h.items())] * n
+        types = [None if t is None else list(t.items())] * n
+    else:
+        headers = [None if v.get("headers") is None else list(v["headers"].items()) for v in decoded]
+        types = [None if v.get("header_types") is None else list(v["header_types"].items()) for v in decoded]
+    if stream_properties is not None:
+        headers = _with_offset(headers, [str(o) for o in stream_offsets], offset_first)
+        types = _with_offset(types, ["long"] * n, offset_first)
+    columns["headers"] = pa.array(headers, ARROW_SCHEMA.field("headers").type)
+    columns["header_types"] = pa.array(types, ARROW_SCHEMA.field("header_types").type)
     return pa.RecordBatch.from_arrays([columns[f.name] for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+
+
+def _shared_with_offset(headers: dict, types: dict, offsets: list[int], first: bool):
+    """Stream mode, every row with the same other headers: the `headers` and `header_types` map columns
+    built by Arrow (each row: those headers, and x-stream-offset first or last), no Python per row."""
+    n, k = len(offsets), len(headers)
+    order = np.empty((n, k + 1), dtype=np.int64)       # row r's entries, as indices into `values` below
+    at = 0 if first else k
+    others = [c for c in range(k + 1) if c != at]
+    order[:, others] = np.arange(k)
+    order[:, at] = k + np.arange(n)
+    order = pa.array(order.reshape(-1))
+    map_offsets = pa.array(np.arange(0, n * (k + 1) + 1, k + 1, dtype=np.int32))
+    keys = pa.concat_arrays([pa.array(list(headers), pa.string()),
+                             pa.array(["x-stream-offset"] * n, pa.string())]).take(order)
+    texts = pa.concat_arrays([pa.array(list(headers.values()), pa.string()),
+                              pa.array(offsets, pa.int64()).cast(pa.string())]).take(order)
+    kinds = pa.concat_arrays([pa.array([types.get(name) for name in headers], pa.string()),
+                              pa.array(["long"] * n, pa.string())]).take(order)
+    return (pa.MapArray.from_arrays(map_offsets, keys, texts, ARROW_SCHEMA.field("headers").type),
+            pa.MapArray.from_arrays(map_offsets, keys, kinds, ARROW_SCHEMA.field("header_types").type))
+
+
+def _with_offset(items: list, texts: list, first: bool) -> list:
+    """Each row's header items with ("x-stream-offset", text) put back (stream mode)."""
+    if first:
+        return [[("x-stream-offset", t), *(i or ())] for i, t in zip(items, texts)]
+    return [[*(i or ()), ("x-stream-offset", t)] for i, t in zip(items, texts)]
 
 
 def serialize(batch: pa.RecordBatch) -> bytes:

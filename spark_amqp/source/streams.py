@@ -41,6 +41,7 @@ log = logging.getLogger("spark_amqp.source")
 
 # The header every stream delivery carries, as the broker encodes it: shortstr name, then type 'l' (long).
 OFFSET_HEADER = b"\x0fx-stream-offsetl"
+OFFSET_ENTRY = len(OFFSET_HEADER) + 8          # with its value
 # Seconds without a further delivery after which the driver has seen the whole last chunk of a stream.
 TAIL_IDLE = 0.2
 # Seconds the driver waits for the first delivery of a probe before it takes the stream as empty there.
@@ -50,6 +51,9 @@ PROBE_PREFETCH = 5000
 # Executors: prefetch of a range read, rows per Arrow batch, and seconds without a delivery before a range
 # read fails (the broker should be sending the range's messages as fast as it can).
 RANGE_PREFETCH = 5000
+# Offsets one partition reads at most: a backlog of one stream is read by all the executors' cores (a
+# range is read at ~100,000 rows/s by one Python worker; a partition's connection costs milliseconds).
+MAX_RANGE = 100_000
 ROWS_PER_BATCH = 10000
 RANGE_IDLE = 30.0
 
@@ -58,14 +62,46 @@ class StreamDataLossError(RuntimeError):
     """Retention removed offsets a query still had to read (failOnDataLoss=true)."""
 
 
-def offset_of(delivery) -> int:
-    """The delivery's stream offset, from its raw content header (no property decoding)."""
+def _offset_at(delivery) -> tuple[bytes, int]:
+    """(raw properties, where the x-stream-offset entry starts in them)."""
     raw = delivery.properties_raw
     i = raw.rfind(OFFSET_HEADER)
     if i < 0:
         raise ValueError(f"a delivery from '{delivery.routing_key}' has no x-stream-offset header: is the "
                          "queue a stream (x-queue-type=stream)?")
+    return raw, i
+
+
+def offset_of(delivery) -> int:
+    """The delivery's stream offset, from its raw content header (no property decoding)."""
+    raw, i = _offset_at(delivery)
     return struct.unpack_from(">q", raw, i + len(OFFSET_HEADER))[0]
+
+
+def split_offsets(deliveries) -> tuple[list[int], list[bytes], bool]:
+    """Executor. Per delivery, its stream offset and its property bytes without the x-stream-offset entry
+    (then messages of one producer share their property bytes, and a batch decodes them once:
+    arrow_rows.to_record_batch puts the entry back); and whether that entry came first in the headers."""
+    offsets, stripped = [], []
+    shapes: dict[bytes, bytes] = {}     # property bytes less the entry (its table length not yet fixed)
+    first = False
+    unpack = struct.unpack_from
+    for d in deliveries:
+        raw, i = _offset_at(d)
+        offsets.append(unpack(">q", raw, i + len(OFFSET_HEADER))[0])
+        shape = raw[:i] + raw[i + OFFSET_ENTRY:]
+        fixed = shapes.get(shape)
+        if fixed is None:
+            pos = 2                          # property flags; content-type and -encoding precede headers
+            if raw[0] & 0x80:
+                pos += 1 + raw[pos]
+            if raw[0] & 0x40:
+                pos += 1 + raw[pos]
+            length = struct.unpack_from(">I", raw, pos)[0] - OFFSET_ENTRY
+            fixed = shapes[shape] = raw[:pos] + struct.pack(">I", length) + raw[pos + 4:i] + raw[i + OFFSET_ENTRY:]
+            first = i == pos + 4
+        stripped.append(fixed)
+    return offsets, stripped, first
 
 
 class StreamRange(InputPartition):
@@ -189,14 +225,14 @@ class StreamLog:
 
 def split_ranges(start: dict, end: dict, min_partitions: int | None) -> list[StreamRange]:
     """Driver. The ranges [start, end) of each stream with new offsets, split so that there are at least
-    `min_partitions` partitions (larger ranges get more pieces)."""
+    `min_partitions` partitions (larger ranges get more pieces) and none spans more than MAX_RANGE."""
     spans = {s: end[s] - start.get(s, end[s]) for s in end if end[s] > start.get(s, end[s])}
     total = sum(spans.values())
     parts = []
     for s, span in spans.items():
-        pieces = 1
+        pieces = -(-span // MAX_RANGE)
         if min_partitions and total:
-            pieces = max(1, min(span, -(-min_partitions * span // total)))
+            pieces = max(pieces, min(span, -(-min_partitions * span // total)))
         lo = start[s]
         for i in range(pieces):
             hi = end[s] if i == pieces - 1 else lo + span // pieces
@@ -219,14 +255,15 @@ def read_range(options, part: StreamRange):
                 raise RuntimeError(f"stream '{part.stream}': no message arrived for {RANGE_IDLE:.0f} s while "
                                    f"reading offsets [{part.start}, {part.end})")
             ch.basic_ack(got[-1].delivery_tag, multiple=True)    # credit: streams remove nothing
-            offsets = [offset_of(d) for d in got]
+            offsets, stripped, first = split_offsets(got)
             lo = bisect.bisect_left(offsets, part.start)   # a consumer may start at its chunk's beginning
             hi = bisect.bisect_left(offsets, part.end)
             if not checked and lo < len(offsets):
                 checked = True
                 _check_loss(options, part, offsets[lo])
             if hi > lo:
-                yield arrow_rows.to_record_batch([(part.stream, got[lo:hi])], offsets[lo:hi])
+                yield arrow_rows.to_record_batch([(part.stream, got[lo:hi])], offsets[lo:hi], stripped[lo:hi],
+                                                 first)
             if hi < len(offsets) or (offsets and offsets[-1] >= part.end - 1):
                 return
     finally:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pika
+
 
 from source_helpers import Collector, checkpoint, needs_admission_control, run_available_now, stream
 from waiting import wait_until
@@ -137,6 +139,28 @@ def test_batch_read_of_an_offset_range_in_parallel_partitions(spark, env):
     again = (spark.read.format("amqp").option("uri", env.url).option("queue", s).option("queueType", "stream")
              .load())
     assert sorted(r.stream_offset for r in again.collect()) == list(range(40))
+
+
+def test_rows_keep_their_headers_and_the_offset_header(spark, env):
+    """The x-stream-offset header the broker adds is in `headers` beside the publisher's own, on rows whose
+    other properties are all alike (decoded once per batch) and on rows that differ."""
+    s = env.stream()
+    env.publish(s, ["h0", "h1", "h2"], pika.BasicProperties(headers={"a": "x"}, content_type="text/plain"))
+    env.publish(s, ["n3", "n4"])
+
+    def read(**bounds):
+        reader = (spark.read.format("amqp").option("uri", env.url).option("queue", s)
+                  .option("queueType", "stream"))
+        for k, v in bounds.items():
+            reader = reader.option(k, v)
+        return sorted(((r.stream_offset, r.headers, r.header_types, r.content_type)
+                       for r in reader.load().collect()), key=lambda t: t[0])
+
+    expected = [(i, {"a": "x", "x-stream-offset": str(i)}, {"a": "string", "x-stream-offset": "long"},
+                 "text/plain") for i in range(3)]
+    expected += [(i, {"x-stream-offset": str(i)}, {"x-stream-offset": "long"}, None) for i in (3, 4)]
+    assert read() == expected
+    assert read(endingOffsets=f'{{"{s}": 3}}') == expected[:3]
 
 
 def test_starting_timestamp_starts_at_the_first_message_stored_since(spark, env):
