@@ -7,10 +7,12 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
      into the `noop` sink, timed end to end (query start to termination);
   4. preload again; (c) drain it with our AMQP client alone (no Spark), as the source's driver consumes:
      the rate the broker delivers to a fast consumer, which bounds what the source can reach;
+  5. with --journal, preload again; (d) as (b) with the option `journalPath` (a local directory): the
+     journal's cost is d/b;
 and print msg/s for each, the ratio b/a and c/a, plus the peak resident memory of the driver-side Python
 process that runs the source (bounded by prefetch and batch size, not by the backlog).
 
-    python bench/read_throughput.py [--messages 1000000] [--size 100] [--skip-rabbitmq]
+    python bench/read_throughput.py [--messages 1000000] [--size 100] [--skip-rabbitmq] [--journal]
 """
 
 from __future__ import annotations
@@ -94,13 +96,16 @@ def client_drain(url: str, queue: str, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None) -> tuple[float, int]:
+def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None,
+                journal: bool = False) -> tuple[float, int]:
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
     with PeakRSS() as rss:
         t0 = time.perf_counter()
         reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
         if prefetch:
             reader = reader.option("prefetch", prefetch)
+        if journal:
+            reader = reader.option("journalPath", tempfile.mkdtemp(prefix="bench-journal-"))
         q = (reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
         q.awaitTermination()
@@ -127,6 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-rabbitmq", action="store_true")
     p.add_argument("--skip-embedded", action="store_true")
     p.add_argument("--prefetch", type=int, default=None, help="the source's prefetch option (default: its own)")
+    p.add_argument("--journal", action="store_true", help="also measure the source with journalPath")
     args = p.parse_args(argv)
 
     spark = start_spark()
@@ -150,10 +156,15 @@ def main(argv=None) -> int:
                 b, peak = spark_drain(spark, t.url, queue, args.messages, args.prefetch)
                 preload(t.url, queue, args.messages, args.size)
                 c = client_drain(t.url, queue, args.messages)
-                results[t.name] = (a, b, peak, c)
+                d = None
+                if args.journal:
+                    preload(t.url, queue, args.messages, args.size)
+                    d, _ = spark_drain(spark, t.url, queue, args.messages, args.prefetch, journal=True)
+                results[t.name] = (a, b, peak, c, d)
                 print(f"{t.name:<9} pika {a:>10,.0f} msg/s   spark {b:>10,.0f} msg/s   ratio b/a {b / a:.2f}   "
                       f"source process peak RSS {peak / 2**20:,.0f} MB   (our client alone, no Spark: "
-                      f"{c:,.0f} msg/s, {c / a:.2f} x pika)", flush=True)
+                      f"{c:,.0f} msg/s, {c / a:.2f} x pika)"
+                      + (f"   with journalPath {d:,.0f} msg/s, {d / b:.2f} x without" if d else ""), flush=True)
             finally:
                 delete_queue(t.url, queue)
     finally:
@@ -161,7 +172,8 @@ def main(argv=None) -> int:
         spark.stop()
     line = "; ".join(f"{name}: pika {a:,.0f} msg/s, spark {b:,.0f} msg/s, ratio {b / a:.2f}, "
                      f"source RSS {peak / 2**20:,.0f} MB, client alone {c:,.0f} msg/s ({c / a:.2f})"
-                     for name, (a, b, peak, c) in results.items())
+                     + (f", with journalPath {d:,.0f} msg/s ({d / b:.2f} x without)" if d else "")
+                     for name, (a, b, peak, c, d) in results.items())
     print(f"\nREADME: {args.messages:,} x {args.size} B, availableNow into noop vs pika (prefetch 1000, "
           f"ack every 100): {line}")
     return 0
