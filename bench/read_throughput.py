@@ -21,7 +21,6 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,39 +29,39 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from broker_vs_rabbitmq import (Consumer, Publisher, Target, declare_queue, delete_queue,  # noqa: E402
                                 queue_depth, start_embedded, stop_embedded)
+from socket_bytes import Sampler  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 WARM_UP_MESSAGES = 100_000
 
 
-class PeakRSS:
+class PeakRSS(Sampler):
     """Samples the RSS of the JVM's Python child that runs the streaming source (driver side)."""
 
     MARKER = "python_streaming_source_runner"
 
     def __init__(self):
+        super().__init__(0.2)
         self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self):
-        me = psutil.Process()
-        while not self._stop.is_set():
-            for p in me.children(recursive=True):
-                try:
-                    if any(self.MARKER in part for part in p.cmdline()):
-                        self.peak = max(self.peak, p.memory_info().rss)
-                except psutil.Error:
-                    pass
-            self._stop.wait(0.2)
+    def take(self):
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if any(self.MARKER in part for part in p.cmdline()):
+                    self.peak = max(self.peak, p.memory_info().rss)
+            except psutil.Error:
+                pass
 
-    def __enter__(self):
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+def start_targets(args) -> tuple:
+    """A local[2] SparkSession, the embedded broker in its own process, and the brokers to measure
+    (--skip-embedded, --skip-rabbitmq): (spark, broker process, embedded Target, [Target, ...])."""
+    spark = start_spark()
+    proc, embedded = start_embedded(Path(tempfile.mkdtemp()) / "broker.log")
+    targets = [] if args.skip_embedded else [embedded]
+    if not args.skip_rabbitmq:
+        targets.append(Target("rabbitmq", RABBITMQ_URL))
+    return spark, proc, embedded, targets
 
 
 def preload(url: str, queue: str, n: int, size: int) -> None:
@@ -135,13 +134,9 @@ def main(argv=None) -> int:
     p.add_argument("--journal", action="store_true", help="also measure the source with journalPath")
     args = p.parse_args(argv)
 
-    spark = start_spark()
+    spark, proc, embedded, targets = start_targets(args)
     # Warm-up: the first query of a session pays for class loading, and the first ~100,000 rows through
     # the JVM for compiling its Arrow-to-row path (about 1 s); a query that has been running is past both.
-    proc, embedded = start_embedded(Path(tempfile.mkdtemp()) / "broker.log")
-    targets = [] if args.skip_embedded else [embedded]
-    if not args.skip_rabbitmq:
-        targets.append(Target("rabbitmq", RABBITMQ_URL))
     results = {}
     try:
         warm = declare_queue(embedded.url)

@@ -42,31 +42,20 @@ def sample(port: int) -> dict[tuple[str, int], int]:
     return found
 
 
-class ReceivedBytes:
-    """Samples `sample(port)` every `interval` seconds in a thread, from `with` to its end."""
+class Sampler:
+    """Calls `take()` every `interval` seconds in a thread, from `with` to its end (and once more then)."""
 
-    def __init__(self, port: int, interval: float = 0.05):
-        self.port = port
+    def __init__(self, interval: float):
         self.interval = interval
-        self.sockets: dict[tuple[str, int], int] = {}
-        self.cmdlines: dict[int, str] = {}     # read when first seen: a process may be gone by the end
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _take(self) -> None:
-        for key, n in sample(self.port).items():
-            if n > self.sockets.get(key, -1):
-                self.sockets[key] = n
-            pid = key[1]
-            if pid not in self.cmdlines:
-                try:
-                    self.cmdlines[pid] = " ".join(psutil.Process(pid).cmdline())
-                except psutil.Error:
-                    self.cmdlines[pid] = ""
+    def take(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._take()
+            self.take()
             self._stop.wait(self.interval)
 
     def __enter__(self):
@@ -76,7 +65,28 @@ class ReceivedBytes:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self._take()
+        self.take()
+
+
+class ReceivedBytes(Sampler):
+    """`sample(port)` every `interval` seconds: each socket's highest count, each process's command line."""
+
+    def __init__(self, port: int, interval: float = 0.05):
+        super().__init__(interval)
+        self.port = port
+        self.sockets: dict[tuple[str, int], int] = {}
+        self.cmdlines: dict[int, str] = {}     # read when first seen: a process may be gone by the end
+
+    def take(self) -> None:
+        for key, n in sample(self.port).items():
+            if n > self.sockets.get(key, -1):
+                self.sockets[key] = n
+            pid = key[1]
+            if pid not in self.cmdlines:
+                try:
+                    self.cmdlines[pid] = " ".join(psutil.Process(pid).cmdline())
+                except psutil.Error:
+                    self.cmdlines[pid] = ""
 
     def received_by(self, marker: str) -> tuple[int, int]:
         """(bytes received by the processes whose command line contains `marker`, by all the others)."""

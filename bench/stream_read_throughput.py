@@ -30,8 +30,8 @@ from urllib.parse import urlparse
 import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from broker_vs_rabbitmq import Consumer, Publisher, Target, start_embedded, stop_embedded  # noqa: E402
-from read_throughput import RABBITMQ_URL, start_spark  # noqa: E402
+from broker_vs_rabbitmq import Consumer, Publisher, stop_embedded  # noqa: E402
+from read_throughput import start_targets  # noqa: E402
 from socket_bytes import ReceivedBytes  # noqa: E402
 
 # The driver-side Python process of a streaming Python data source (PySpark's runner module).
@@ -120,11 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-embedded", action="store_true")
     args = p.parse_args(argv)
 
-    spark = start_spark()
-    proc, embedded = start_embedded(Path(tempfile.mkdtemp()) / "broker.log")
-    targets = [] if args.skip_embedded else [embedded]
-    if not args.skip_rabbitmq:
-        targets.append(Target("rabbitmq", RABBITMQ_URL))
+    spark, proc, embedded, targets = start_targets(args)
     results = []
     try:
         warm = declare_streams(embedded.url, 1)
