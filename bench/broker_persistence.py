@@ -11,13 +11,15 @@ of ``--size`` bytes to a durable queue on:
   a real disk, not tmpfs, for the figure to mean anything),
 * RabbitMQ (``--rabbitmq-url``), which writes persistent messages on durable queues to disk too,
 
-in the same run, ``--rounds`` times alternating the order, and prints the medians and the ratios
-with-data-dir / without and with-data-dir / RabbitMQ. Queues carry x-expires (10 min) and are deleted.
+in the same run, ``--rounds`` times alternating the order, then consumes them back (pika, prefetch 1,000,
+ack every 100), and prints the medians of both rates and the ratios with-data-dir / without and
+with-data-dir / RabbitMQ. Queues carry x-expires (10 min) and are deleted.
 
 Run from the repository root::
 
     python bench/broker_persistence.py
     python bench/broker_persistence.py --messages 50000 --rounds 5 --skip-rabbitmq
+    python bench/broker_persistence.py --messages 100000 --size 1024      # the durability issue's case
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from pathlib import Path
 import pika
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from broker_vs_rabbitmq import (DEFAULT_RABBITMQ_URL, QUEUE_EXPIRES_MS, REPO_ROOT, Publisher,  # noqa: E402
-                                delete_queue, free_port, stop_embedded, wait_for_port)
+from broker_vs_rabbitmq import (DEFAULT_RABBITMQ_URL, QUEUE_EXPIRES_MS, REPO_ROOT, Consumer,  # noqa: E402
+                                Publisher, delete_queue, free_port, stop_embedded, wait_for_port)
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -59,7 +61,9 @@ def start(data_dir: str | None) -> tuple[subprocess.Popen, str]:
     return proc, f"amqp://guest:guest@127.0.0.1:{port}/%2F"
 
 
-def rate(url: str, args) -> float:
+def rates(url: str, args) -> tuple[float, float]:
+    """(publish msg/s, consume msg/s): the persistent messages published with confirms, then consumed
+    back (prefetch 1,000, ack multiple every 100) from the durable queue."""
     name = f"bench-persist-{uuid.uuid4().hex[:12]}"
     conn = pika.BlockingConnection(pika.URLParameters(url))
     conn.channel().queue_declare(name, durable=True, arguments={"x-expires": QUEUE_EXPIRES_MS})
@@ -67,7 +71,9 @@ def rate(url: str, args) -> float:
     try:
         pub = PersistentPublisher(url, name, args.messages, args.size, args.window, args.timeout)
         pub.run()
-        return args.messages / (pub.t1 - pub.t0)
+        con = Consumer(url, name, args.messages, args.size, 1000, 100, args.timeout)
+        con.run()
+        return args.messages / (pub.t1 - pub.t0), args.messages / (con.t1 - con.t0)
     finally:
         delete_queue(url, name)
 
@@ -89,26 +95,30 @@ def main(argv=None) -> int:
         targets = {"embedded": plain_url, "embedded --data-dir": durable_url}
         if not args.skip_rabbitmq:
             targets["RabbitMQ"] = args.rabbitmq_url
-        rates: dict[str, list[float]] = {name: [] for name in targets}
+        measured: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
         try:
             for r in range(args.rounds):
                 order = list(targets) if r % 2 == 0 else list(reversed(targets))
                 for name in order:
-                    rates[name].append(rate(targets[name], args))
-                print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}/s" for n in targets), flush=True)
+                    measured[name].append(rates(targets[name], args))
+                print(f"round {r + 1}: " + ", ".join(f"{n} publish {measured[n][-1][0]:,.0f}/s consume "
+                                                     f"{measured[n][-1][1]:,.0f}/s" for n in targets), flush=True)
         finally:
             stop_embedded(plain)
             stop_embedded(durable)
-    med = {name: statistics.median(v) for name, v in rates.items()}
+    pub = {name: statistics.median(p for p, _ in v) for name, v in measured.items()}
+    con = {name: statistics.median(c for _, c in v) for name, v in measured.items()}
     print(f"\npersistent messages, durable queue, confirms, window {args.window}, {args.size} B, "
           f"{args.messages} per round, median of {args.rounds}:")
-    for name, v in med.items():
-        print(f"  {name:22s} {v:10,.0f} msg/s")
-    line = (f"README: publish with confirms, persistent, durable queue: --data-dir {med['embedded --data-dir']:,.0f}"
-            f" msg/s = {med['embedded --data-dir'] / med['embedded']:.2f}x no data dir ({med['embedded']:,.0f})")
-    if "RabbitMQ" in med:
-        line += (f", {med['embedded --data-dir'] / med['RabbitMQ']:.2f}x RabbitMQ 3.10 "
-                 f"({med['RabbitMQ']:,.0f})")
+    for name in measured:
+        print(f"  {name:22s} publish {pub[name]:10,.0f} msg/s   consume {con[name]:10,.0f} msg/s")
+    d = "embedded --data-dir"
+    line = (f"README: persistent, durable queue, {args.messages:,} x {args.size} B: --data-dir publish "
+            f"{pub[d]:,.0f} msg/s ({pub[d] / pub['embedded']:.2f}x no data dir), consume {con[d]:,.0f} msg/s "
+            f"({con[d] / con['embedded']:.2f}x)")
+    if "RabbitMQ" in measured:
+        line += (f"; vs RabbitMQ 3.10: publish {pub[d] / pub['RabbitMQ']:.2f}x ({pub['RabbitMQ']:,.0f}), "
+                 f"consume {con[d] / con['RabbitMQ']:.2f}x ({con['RabbitMQ']:,.0f}) (targets >= 1.0)")
     print(line)
     return 0
 
