@@ -309,7 +309,7 @@ if ADMISSION_CONTROL:
             consumer = self._session()
             seq = int(start["seq"])
             self._ack_through(seq)
-            if seq + 1 in consumer.batches:
+            if seq + 1 in consumer.batches or seq + 1 in self._built:
                 # Asked again from the same start before that batch ran: the same batch, not a second one
                 # (a second would strand the first one's deliveries unacked until the connection closes).
                 return {"seq": seq + 1}

@@ -81,9 +81,13 @@ def test_driver_killed_three_times_loses_and_duplicates_nothing(amqp_broker, uni
     try:
         for kill in range(3):
             job = start_job("stream", 10, *specs)
+            started = time.monotonic()
             try:
                 before, more = {spec["out"]: files(spec) for spec in specs}, rnd.randint(1, 2)
-                wait_until(lambda: progressed(before, more) or job.poll() is not None, 120, interval=0.05,
+                # Until every query has written a batch or two, or 60 s: a query slow to start in this
+                # driver is killed where it stands (the drain and the counts below judge every query).
+                wait_until(lambda: progressed(before, more) or job.poll() is not None or
+                           time.monotonic() - started > 60, 120, interval=0.05,
                            message=f"batches of every query from driver {kill + 1}")
                 time.sleep(rnd.uniform(0.0, 0.5))         # anywhere in a batch: planning, running, committing
                 assert job.poll() is None, f"driver {kill + 1} ended on its own:\n{job.stdout.read()}"
