@@ -1,18 +1,21 @@
-"""Read throughput: `spark.readStream.format("amqp")` against a plain pika consumer, same broker, same run.
+"""Read throughput: `spark.readStream.format("amqp")` (queue mode) against a plain pika consumer and against
+our own client alone, same broker, same run, with the CPU each process spent per message.
 
-For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:5672):
-  1. preload N messages of S bytes into a fresh queue (pika, confirms);
-  2. (a) drain it with a plain pika consumer: prefetch 1,000, basic.ack(multiple) every 100;
-  3. preload again; (b) drain it with `spark.readStream.format("amqp")` under `trigger(availableNow=True)`
-     into the `noop` sink, timed end to end (query start to termination);
-  4. preload again; (c) drain it with our AMQP client alone (no Spark), as the source's driver consumes:
-     the rate the broker delivers to a fast consumer, which bounds what the source can reach;
-  5. with --journal, preload again; (d) as (b) with the option `journalPath` (a local directory): the
-     journal's cost is d/b;
-and print msg/s for each, the ratio b/a and c/a, plus the peak resident memory of the driver-side Python
-process that runs the source (bounded by prefetch and batch size, not by the backlog).
+For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:5672) and each case
+(`--cases`, default 1,000,000 x 100 B and 250,000 x 4 KB):
+  1. preload the messages into a fresh queue (pika, confirms);
+  2. (pika) drain it with a plain pika consumer: prefetch 1,000, basic.ack(multiple) every 100;
+  3. preload again; (source) drain it with `spark.readStream.format("amqp")` under
+     `trigger(availableNow=True)` into the `noop` sink, timed end to end (query start to termination);
+     then again (handoff) with the option `handoffPath` (a local temporary directory, or --handoff);
+  4. preload again; (ceiling) drain it with our AMQP client alone (no Spark), as the source's driver
+     consumes: the rate the broker delivers to a fast consumer, which bounds what the source can reach;
+  5. with --journal, preload again; (journal) as (source) with the option `journalPath`;
+and print msg/s and MB/s (bodies) for each, the ratios source/pika and source/ceiling, the peak resident
+memory of the driver-side Python process that runs the source, and for every drain the CPU microseconds per
+message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench).
 
-    python bench/read_throughput.py [--messages 1000000] [--size 100] [--skip-rabbitmq] [--journal]
+    python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--journal]
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from broker_vs_rabbitmq import (Consumer, Publisher, Target, declare_queue, delete_queue,  # noqa: E402
-                                queue_depth, start_embedded, stop_embedded)
+                                find_listener, queue_depth, start_embedded, stop_embedded)
+from process_cpu import SOURCE_MARKER, CpuByRole, format_breakdown  # noqa: E402
 from socket_bytes import Sampler  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -38,8 +42,6 @@ WARM_UP_MESSAGES = 100_000
 class PeakRSS(Sampler):
     """Samples the RSS of the JVM's Python child that runs the streaming source (driver side)."""
 
-    MARKER = "python_streaming_source_runner"
-
     def __init__(self):
         super().__init__(0.2)
         self.peak = 0
@@ -47,7 +49,7 @@ class PeakRSS(Sampler):
     def take(self):
         for p in psutil.Process().children(recursive=True):
             try:
-                if any(self.MARKER in part for part in p.cmdline()):
+                if any(SOURCE_MARKER in part for part in p.cmdline()):
                     self.peak = max(self.peak, p.memory_info().rss)
             except psutil.Error:
                 pass
@@ -60,7 +62,7 @@ def start_targets(args) -> tuple:
     proc, embedded = start_embedded(Path(tempfile.mkdtemp()) / "broker.log")
     targets = [] if args.skip_embedded else [embedded]
     if not args.skip_rabbitmq:
-        targets.append(Target("rabbitmq", RABBITMQ_URL))
+        targets.append(Target("rabbitmq", RABBITMQ_URL, find_listener(RABBITMQ_URL)))
     return spark, proc, embedded, targets
 
 
@@ -96,7 +98,7 @@ def client_drain(url: str, queue: str, n: int) -> float:
 
 
 def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None,
-                journal: bool = False) -> tuple[float, int]:
+                journal: bool = False, handoff: str | None = None) -> tuple[float, int]:
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
     with PeakRSS() as rss:
         t0 = time.perf_counter()
@@ -105,6 +107,8 @@ def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None
             reader = reader.option("prefetch", prefetch)
         if journal:
             reader = reader.option("journalPath", tempfile.mkdtemp(prefix="bench-journal-"))
+        if handoff:
+            reader = reader.option("handoffPath", handoff)
         q = (reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
         q.awaitTermination()
@@ -124,53 +128,91 @@ def start_spark():
     return spark
 
 
+def measure(target: Target, n: int, drain) -> tuple[float, dict, object]:
+    """Run `drain()` (returns msg/s, or (msg/s, extra)) under a CPU sampler: (msg/s, CPU us per message by
+    role, extra)."""
+    with CpuByRole(target.process) as cpu:
+        result = drain()
+    rate, extra = result if isinstance(result, tuple) else (result, None)
+    return rate, cpu.per_message(n), extra
+
+
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    cases = []
+    for item in text.split(","):
+        try:
+            n, size = item.lower().split("x")
+            cases.append((int(n), int(size)))
+        except ValueError:
+            raise SystemExit(f"--cases: '{item}' is not MESSAGESxBYTES (e.g. 1000000x100)") from None
+    return cases
+
+
+def run_case(spark, t: Target, n: int, size: int, args) -> dict:
+    queue = declare_queue(t.url)
+    rows = {}
+    try:
+        drains = [("pika", lambda: pika_drain(t.url, queue, n, size)),
+                  ("source", lambda: spark_drain(spark, t.url, queue, n, args.prefetch)),
+                  ("handoff", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, handoff=args.handoff)),
+                  ("ceiling", lambda: client_drain(t.url, queue, n))]
+        if args.journal:
+            drains.append(("journal", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, journal=True)))
+        for name, drain in drains:
+            preload(t.url, queue, n, size)
+            rows[name] = measure(t, n, drain)
+    finally:
+        delete_queue(t.url, queue)
+    return rows
+
+
+def report(name: str, n: int, size: int, rows: dict) -> str:
+    pika, source, handoff, ceiling = (rows[k][0] for k in ("pika", "source", "handoff", "ceiling"))
+    print(f"\n{name}, {n:,} x {size} B")
+    for label, (rate, cpu, peak) in rows.items():
+        rss = f"   source process peak RSS {peak / 2**20:,.0f} MB" if peak else ""
+        print(f"  {label:<8} {rate:>10,.0f} msg/s {rate * size / 1e6:>8.1f} MB/s   CPU us/msg: "
+              f"{format_breakdown(cpu)}{rss}")
+    journal = rows.get("journal")
+    summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; with handoffPath "
+               f"{handoff / pika:.2f} and {handoff / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}"
+               + (f"; journal/source {journal[0] / source:.2f}" if journal else ""))
+    print(f"  {summary}", flush=True)
+    return (f"{name} {n:,} x {size} B: pika {pika:,.0f}, source {source:,.0f}, with handoffPath {handoff:,.0f}, "
+            f"ceiling {ceiling:,.0f} msg/s; {summary}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--messages", type=int, default=1_000_000)
-    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--cases", default="1000000x100,250000x4096",
+                   help="comma-separated MESSAGESxBYTES (default: 1000000x100,250000x4096)")
     p.add_argument("--skip-rabbitmq", action="store_true")
     p.add_argument("--skip-embedded", action="store_true")
     p.add_argument("--prefetch", type=int, default=None, help="the source's prefetch option (default: its own)")
     p.add_argument("--journal", action="store_true", help="also measure the source with journalPath")
+    p.add_argument("--handoff", default=None,
+                   help="the source's handoffPath for the 'handoff' row (default: a new temporary directory)")
     args = p.parse_args(argv)
+    args.handoff = args.handoff or tempfile.mkdtemp(prefix="bench-handoff-")
+    cases = parse_cases(args.cases)
 
     spark, proc, embedded, targets = start_targets(args)
     # Warm-up: the first query of a session pays for class loading, and the first ~100,000 rows through
     # the JVM for compiling its Arrow-to-row path (about 1 s); a query that has been running is past both.
-    results = {}
+    lines = []
     try:
         warm = declare_queue(embedded.url)
-        preload(embedded.url, warm, WARM_UP_MESSAGES, args.size)
+        preload(embedded.url, warm, WARM_UP_MESSAGES, 100)
         spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES)
         for t in targets:
-            queue = declare_queue(t.url)
-            try:
-                preload(t.url, queue, args.messages, args.size)
-                a = pika_drain(t.url, queue, args.messages, args.size)
-                preload(t.url, queue, args.messages, args.size)
-                b, peak = spark_drain(spark, t.url, queue, args.messages, args.prefetch)
-                preload(t.url, queue, args.messages, args.size)
-                c = client_drain(t.url, queue, args.messages)
-                d = None
-                if args.journal:
-                    preload(t.url, queue, args.messages, args.size)
-                    d, _ = spark_drain(spark, t.url, queue, args.messages, args.prefetch, journal=True)
-                results[t.name] = (a, b, peak, c, d)
-                print(f"{t.name:<9} pika {a:>10,.0f} msg/s   spark {b:>10,.0f} msg/s   ratio b/a {b / a:.2f}   "
-                      f"source process peak RSS {peak / 2**20:,.0f} MB   (our client alone, no Spark: "
-                      f"{c:,.0f} msg/s, {c / a:.2f} x pika)"
-                      + (f"   with journalPath {d:,.0f} msg/s, {d / b:.2f} x without" if d else ""), flush=True)
-            finally:
-                delete_queue(t.url, queue)
+            for n, size in cases:
+                lines.append(report(t.name, n, size, run_case(spark, t, n, size, args)))
     finally:
         stop_embedded(proc)
         spark.stop()
-    line = "; ".join(f"{name}: pika {a:,.0f} msg/s, spark {b:,.0f} msg/s, ratio {b / a:.2f}, "
-                     f"source RSS {peak / 2**20:,.0f} MB, client alone {c:,.0f} msg/s ({c / a:.2f})"
-                     + (f", with journalPath {d:,.0f} msg/s ({d / b:.2f} x without)" if d else "")
-                     for name, (a, b, peak, c, d) in results.items())
-    print(f"\nREADME: {args.messages:,} x {args.size} B, availableNow into noop vs pika (prefetch 1000, "
-          f"ack every 100): {line}")
+    print("\nREADME: availableNow into noop; pika: prefetch 1000, ack every 100; ceiling: our client alone")
+    for line in lines:
+        print(f"  {line}")
     return 0
 
 

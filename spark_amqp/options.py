@@ -189,6 +189,12 @@ OPTIONS = (
     Option("maxMessagesPerTrigger", "source", None, _positive_int,
            "Source: most messages in one micro-batch (default: no limit beyond prefetch). PySpark 4.2+ "
            "applies it as a read limit; on 4.0 and 4.1 the source applies it itself."),
+    Option("maxBytesPerTrigger", "source", 64 * 2**20, _positive_int,
+           "Queue mode: message bodies in one micro-batch, at most about this many bytes (default 67108864, "
+           "64 MiB; the message that reaches it is the batch's last). It keeps a batch within what the "
+           "driver's JVM holds comfortably (4 KB messages in batches of 100,000 ran its default 1 GB heap "
+           "out of memory). Without `prefetch`, the prefetch is lowered, once message sizes are known, to "
+           "what two batches of this size take."),
     Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),
            "Source: `classic` and `quorum` consume with acks (queue mode); `stream` reads stream queues by "
            "offset ranges on executors (stream mode: nothing is acked or removed)."),
@@ -212,6 +218,11 @@ OPTIONS = (
            "each micro-batch's rows are written before Spark records its offset. A batch re-run after a "
            "restart is then served from there, row for row the same, and the broker's redelivered copies "
            "of its messages are acked and dropped: exactly-once with an idempotent sink. One per query."),
+    Option("handoffPath", "source", None, _text,
+           "Queue mode: directory every executor can read (any local path in local mode, else a shared "
+           "filesystem URI such as `hdfs://` or `s3://`) where the driver writes each micro-batch's "
+           "partitions as Arrow files for the executors to read, instead of sending the rows inside "
+           "Spark's tasks through the driver's JVM. Files are removed when their batch commits. One per query."),
     Option("ack", "source", False, _bool,
            "Batch read (`spark.read`): ack what was read once the read completes (default: return it to the queue)."),
     Option("maxMessages", "source", None, _positive_int,
@@ -361,6 +372,9 @@ def parse(options, role: str) -> Options:
         if out["queueType"] == "stream" and out.get("journalPath"):
             raise OptionError("journalPath", out["journalPath"], "applies to queue mode only: stream mode "
                               "re-reads a batch's offset range exactly without a journal")
+        if out["queueType"] == "stream" and out.get("handoffPath"):
+            raise OptionError("handoffPath", out["handoffPath"], "applies to queue mode only: in stream mode "
+                              "the executors read the streams themselves")
         if out["queueType"] == "stream":
             for n in ("startingOffsets", "endingOffsets"):
                 unknown = sorted(set(out[n]) - set(out["queue"])) if isinstance(out.get(n), dict) else []

@@ -215,8 +215,9 @@ class Channel:
     def consumer_tags(self) -> frozenset[str]:
         return frozenset(self._consumers)
 
-    def get_deliveries(self, max_count: int, timeout: float = 0.0) -> list[Delivery]:
-        """Up to `max_count` received deliveries, oldest first.
+    def get_deliveries(self, max_count: int, timeout: float = 0.0, max_bytes: int | None = None) -> list[Delivery]:
+        """Up to `max_count` received deliveries, oldest first; with `max_bytes`, no more than those bodies
+        fill (the delivery that reaches it is the last one taken, so at least one is).
 
         Returns as soon as at least one delivery is queued; waits up to `timeout` seconds for the first
         one, then returns []. Raises the channel's or connection's error once it is closed (even with
@@ -242,7 +243,14 @@ class Channel:
             queue = self._deliveries
             count = min(max_count, len(queue))
             popleft = queue.popleft
-            return [popleft() for _ in range(count)]
+            if max_bytes is None:
+                return [popleft() for _ in range(count)]
+            taken, size = [], 0
+            while len(taken) < count and size < max_bytes:
+                d = popleft()
+                taken.append(d)
+                size += len(d.body)
+            return taken
 
     @property
     def pending_deliveries(self) -> int:

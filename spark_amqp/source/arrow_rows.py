@@ -7,8 +7,11 @@ producer usually share their properties exactly, so most batches decode a handfu
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from .. import properties as props
 from ..codec.properties import EMPTY as EMPTY_PROPERTIES
@@ -112,6 +115,22 @@ def _with_offset(items: list, texts: list, first: bool) -> list:
     if first:
         return [[("x-stream-offset", t), *(i or ())] for i, t in zip(items, texts)]
     return [[*(i or ()), ("x-stream-offset", t)] for i, t in zip(items, texts)]
+
+
+def rows_per_slice(batch: pa.RecordBatch, max_rows: int, max_body_bytes: int) -> int:
+    """Rows per slice of `batch` so that a slice holds at most `max_rows` rows and about `max_body_bytes`
+    of bodies (by the batch's mean body size)."""
+    body_bytes = batch.column(ARROW_SCHEMA.get_field_index("body")).nbytes
+    if not batch.num_rows or body_bytes <= max_body_bytes:
+        return max(1, min(max_rows, batch.num_rows))
+    return max(1, min(max_rows, max_body_bytes * batch.num_rows // body_bytes))
+
+
+def filesystem(path: str) -> tuple[pafs.FileSystem, str, bool]:
+    """(filesystem, path within it, whether it is local) for a local path or any URI pyarrow's
+    filesystems reach (`file://`, `s3://`, `hdfs://`, `gs://`)."""
+    fs, root = pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
+    return fs, root, isinstance(fs, pafs.LocalFileSystem)
 
 
 def serialize(batch: pa.RecordBatch) -> bytes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
                       ConsumerCancelledError)
 from ..client.uri import parse_uri, redact
-from ..options import connect_kwargs
+from ..options import BY_KEY, connect_kwargs
 
 log = logging.getLogger("spark_amqp.source")
 
@@ -85,7 +85,9 @@ class QueueConsumer:
         self.options = options
         self.journal = journal      # BatchJournal (journalPath): redelivered copies it holds are dropped
         self.queues = [QueueState(name) for name in options["queue"]]
-        self.prefetch = options.get("prefetch") or _default_prefetch(options)
+        self.default_prefetch = options.get("prefetch") or _default_prefetch(options)
+        self.prefetch = self.default_prefetch     # lowered for large messages: _fit_prefetch
+        self.batch_bytes = options.get("maxBytesPerTrigger") or BY_KEY["maxbytespertrigger"].default
         self.channels_per_queue = -(-self.prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
@@ -96,6 +98,7 @@ class QueueConsumer:
         self._next_attempt = 0.0
         self.generation = 0         # connections opened so far (the current one's number)
         self.fresh_in: dict[str, int] = {}   # per queue: the last generation that delivered a message not redelivered
+        self._taken_bytes = 0       # body bytes taken into batches so far (with `taken`: their mean size)
 
     # --- session ---------------------------------------------------------------------------------
 
@@ -200,21 +203,23 @@ class QueueConsumer:
 
     # --- batches -----------------------------------------------------------------------------------
 
-    def take(self, seq: int, max_count: int, wait: float = 0.0) -> Batch:
-        """Record batch `seq` from deliveries already received (up to max_count in all; waits up to
-        `wait` seconds for the first one). A batch of zero deliveries is still recorded."""
+    def take(self, seq: int, max_count: int, wait: float = 0.0, max_bytes: int | None = None) -> Batch:
+        """Record batch `seq` from deliveries already received (up to max_count in all, and bodies of
+        about `max_bytes`, by default maxBytesPerTrigger: the delivery that reaches it is the last; waits
+        up to `wait` seconds for the first one). A batch of zero deliveries is still recorded."""
         batch = Batch(seq)
         self.start_consuming()
         if self.ensure_connected():
             remaining = max_count
+            bytes_left = self.batch_bytes if max_bytes is None else max_bytes
             deadline = time.monotonic() + wait
             channels = [(q, ch) for q in self.queues for ch in q.channels]
             for q, ch in channels:
-                if remaining <= 0:
+                if remaining <= 0 or bytes_left <= 0:
                     break
                 try:
                     timeout = max(0.0, deadline - time.monotonic()) if not batch.parts else 0.0
-                    got = ch.get_deliveries(remaining, timeout=timeout / len(channels))
+                    got = ch.get_deliveries(remaining, timeout=timeout / len(channels), max_bytes=bytes_left)
                 except ConsumerCancelledError:
                     log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting", q.name)
                     self._drop(q)
@@ -230,10 +235,14 @@ class QueueConsumer:
                 if got and self.journal is not None:
                     got = self._drop_copies(q.name, ch, got)
                 if got:
+                    size = sum(len(d.body) for d in got)
+                    bytes_left -= size
+                    self._taken_bytes += size
                     self.taken[q.name] = self.taken.get(q.name, 0) + len(got)
                     batch.parts.append(Part(q.name, ch, got, got[-1].delivery_tag))
                     remaining -= len(got)
         self.batches[seq] = batch
+        self._fit_prefetch()
         return batch
 
     def _drop_copies(self, queue: str, ch, got: list) -> list:
@@ -252,6 +261,44 @@ class QueueConsumer:
             else:
                 self.journal.acked([key])
         return kept
+
+    def _mean_size(self) -> float | None:
+        count = sum(self.taken.values())
+        return self._taken_bytes / count if count and self._taken_bytes else None
+
+    def batch_count(self, max_count: int) -> int:
+        """How many deliveries a batch of at most `max_count` and maxBytesPerTrigger takes, by the mean body
+        size taken so far (unknown before the first batch: `max_count`)."""
+        mean = self._mean_size()
+        return max_count if mean is None else max(1, min(max_count, int(self.batch_bytes // mean)))
+
+    def _fit_prefetch(self) -> None:
+        """Without the `prefetch` option: once message sizes are known, a prefetch that would hold far more
+        than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the default 200,000) is lowered to
+        that, and raised back (up to the default) if messages shrink. RabbitMQ applies a channel's
+        basic.qos to consumers started after it, so each consumer is cancelled and started again; the
+        deliveries it already sent stay unacked on the channel, acked with their batches."""
+        mean = self._mean_size()
+        if self.options.get("prefetch") or mean is None or not self.consuming:
+            return
+        fitted = max(1000, min(self.default_prefetch, int(2 * self.batch_bytes // mean)))
+        if self.prefetch / 2 <= fitted <= self.prefetch * 2:
+            return
+        log.info("AMQP source: prefetch %d -> %d per queue (messages of %.0f bytes, maxBytesPerTrigger %d)",
+                 self.prefetch, fitted, mean, self.batch_bytes)
+        self.prefetch = fitted
+        for q in self.queues:
+            try:
+                share = -(-self.prefetch // len(q.channels)) if q.channels else 0
+                for ch in q.channels:
+                    for tag in list(ch.consumer_tags):
+                        ch.basic_cancel(tag)
+                    ch.basic_qos(share)
+                    ch.basic_consume(q.name)
+            except AMQPError as exc:
+                log.warning("AMQP source: lost channel for %s while changing its prefetch (%s); reconnecting",
+                            q.name, exc)
+                self._drop(q)
 
     def pending(self) -> int:
         """Deliveries received and not yet in a batch."""

@@ -79,10 +79,7 @@ class BatchJournal:
 
     def __init__(self, path: str):
         self.path = path
-        if "://" not in path:
-            path = os.path.abspath(path)
-        self.fs, self.root = pafs.FileSystem.from_uri(path)
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.fs, self.root, self.local = arrow_rows.filesystem(path)
         self.fs.create_dir(self.root, recursive=True)
         self.expected: Counter = Counter()            # keys whose redelivered copy is to be dropped
         self.outstanding: dict[int, Counter] = {}     # per journaled batch: keys not yet acked live

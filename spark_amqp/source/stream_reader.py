@@ -35,6 +35,7 @@ except ImportError:   # PySpark 4.0 / 4.1
 
 from . import arrow_rows
 from .consumer import Batch, QueueConsumer
+from .handoff import FilePartition, HandoffDir, read_file
 from .journal import BatchJournal, batch_keys
 
 log = logging.getLogger("spark_amqp.source")
@@ -50,6 +51,8 @@ IN_FLIGHT_WAIT = 2.0
 # cluster; smaller slices cost more in Spark's per-task and per-row overhead than they gain (measured with
 # bench/read_throughput.py: 20,000 gave 0.75x the throughput).
 ROWS_PER_PARTITION = 50000
+# Bodies per partition, at most about: a partition is one task's input, held whole in the JVM.
+PARTITION_BYTES = 16 * 2**20
 # Seconds between the broker round trips behind the backlog's `ready` figure in the query's progress while
 # batches keep coming (an idle trigger always asks): see QueueConsumer.backlog.
 BACKLOG_REFRESH = 5.0
@@ -77,6 +80,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._backlog_asked = 0.0
         self._journal: BatchJournal | None = None
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
+        self._handoff: HandoffDir | None = None   # handoffPath: where partitions go as files
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -91,6 +95,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             if self.options.get("journalPath") and self._journal is None:
                 self._journal = BatchJournal(self.options["journalPath"])
                 self._journal.load()
+            if self.options.get("handoffPath") and self._handoff is None:
+                self._handoff = HandoffDir(self.options["handoffPath"])
             consumer = QueueConsumer(self.options, journal=self._journal)
             consumer.connect(consume=False)
             self._consumer = consumer
@@ -120,6 +126,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             if len(consumer.fresh_in) == len(consumer.queues):
                 self._journal.expire(min(consumer.fresh_in.values()))
             self._journal.settle(seq)
+        if self._handoff is not None:
+            self._handoff.committed(seq)
 
     def initialOffset(self) -> dict:
         """Driver. A new query starts at batch 0; connecting here reports bad options at once."""
@@ -132,7 +140,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         cap = max(1, consumer.prefetch // 2)
         if max_rows:
             cap = min(cap, max_rows)
-        return cap
+        return consumer.batch_count(cap)
 
     def reportLatestOffset(self) -> dict | None:
         """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
@@ -163,8 +171,11 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             record_batch = arrow_rows.to_record_batch(batch.deliveries)
         if not record_batch.num_rows:
             return []
-        return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, ROWS_PER_PARTITION)))
-                for offset in range(0, record_batch.num_rows, ROWS_PER_PARTITION)]
+        rows = arrow_rows.rows_per_slice(record_batch, ROWS_PER_PARTITION, PARTITION_BYTES)
+        if self._handoff is not None:
+            return self._handoff.partitions(seq, record_batch, rows)
+        return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, rows)))
+                for offset in range(0, record_batch.num_rows, rows)]
 
     def _from_journal(self, seq: int):
         """Driver: batch `seq` as an earlier run journaled it (None if it did not), kept until its commit
@@ -187,6 +198,9 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def stop(self) -> None:
         """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true)."""
+        if self._handoff is not None:        # first: Spark may end this process soon after calling stop
+            self._handoff.close()
+            self._handoff = None
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -195,6 +209,9 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def read(self, partition: ArrowPartition):
         """Executor. Yields the partition's rows as Arrow record batches (no broker access here)."""
+        if isinstance(partition, FilePartition):
+            yield from read_file(partition)
+            return
         yield from arrow_rows.deserialize(partition.data)
 
 

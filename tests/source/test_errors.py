@@ -60,9 +60,12 @@ def _secret_free(text: str) -> None:
     ({"bindingKeys": "a.b"}, ["'bindingKeys'", "'exchange'"]),
     ({"queue": None}, ["'queue'", "required"]),
     ({"queue": "a,a"}, ["'queue'", "twice"]),
+    ({"maxBytesPerTrigger": "64MB"}, ["'maxBytesPerTrigger'", "64MB", "positive integer"]),
+    ({"queueType": "stream", "handoffPath": "/tmp/h"}, ["'handoffPath'", "/tmp/h", "queue mode only"]),
 ], ids=["unknown", "uri-scheme", "uri-port", "prefetch-negative", "prefetch-zero", "maxMessagesPerTrigger",
         "startingOffsets-queue-mode", "startingOffsets-bad", "startingOffsets-unknown-stream", "queueType-unknown",
-        "declare", "queueArguments", "bindingKeys-without-exchange", "queue-missing", "queue-twice"])
+        "declare", "queueArguments", "bindingKeys-without-exchange", "queue-missing", "queue-twice",
+        "maxBytesPerTrigger", "handoffPath-stream-mode"])
 def test_bad_option_fails_at_start_naming_it(spark, secret_broker, tmp_path, options, must_mention):
     opts = {"uri": secret_broker.secret_url, "queue": "events", **options}
     opts = {k: v for k, v in opts.items() if v is not None}

@@ -1,0 +1,92 @@
+"""Batches bounded in bytes (maxBytesPerTrigger), the prefetch fitted to large messages, and batches handed
+to the executors as files (handoffPath)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pika
+
+from source_helpers import Collector, checkpoint, needs_admission_control, stream
+from spark_amqp.options import parse
+from spark_amqp.source.consumer import QueueConsumer
+from waiting import wait_until
+
+KB = b"k" * 1024
+
+
+def test_large_messages_lower_the_prefetch_to_two_batches(env):
+    """Driver side alone: 1 KB messages under maxBytesPerTrigger=100,000 make batches of under 100 rows, and
+    the default prefetch (200,000) falls to 1,000 (two batches' worth, at least 1,000) once the first
+    batch shows their size; the broker then sends no more than that to the new consumers."""
+    q = env.queue("bigmsgs")
+    env.publish_bulk(q, [KB] * 3000)
+    consumer = QueueConsumer(parse({"uri": env.url, "queue": q, "maxBytesPerTrigger": "100000"}, "source"))
+    consumer.connect()
+    try:
+        wait_until(lambda: consumer.pending() == 3000, 30, message="the 3,000 messages received")
+        first = consumer.take(1, 100_000)
+        assert first.count == 98, f"a batch of 1 KB messages under 100,000 bytes took {first.count}"
+        assert consumer.prefetch == 1000
+        assert consumer.batch_count(100_000) == 97
+        consumer.ack_through(1)
+        env.publish_bulk(q, [KB] * 5000)
+        # Held from the first consumers: 2,902; the new ones may take 1,000 of the 5,000 new messages.
+        env.wait_state(q, (4000, 3902), timeout=30)
+        second = consumer.take(2, consumer.batch_count(100_000))
+        assert second.count == 97
+        consumer.ack_through(2)
+        # Those 97 were held from the first consumers: acking them frees nothing for the new ones.
+        env.wait_state(q, (4000, 3902 - 97), timeout=30)
+    finally:
+        consumer.close()
+
+
+@needs_admission_control
+def test_max_bytes_per_trigger_bounds_each_batch(spark, env, tmp_path):
+    total = 600
+    q = env.queue("maxbytes")
+    env.publish_bulk(q, [b"%04d" % i + KB[4:] for i in range(total)])
+    sink = Collector()
+    query = (stream(spark, env.url, q, maxBytesPerTrigger=50_000).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    assert query.awaitTermination(120), "availableNow did not stop by itself"
+    assert query.exception() is None
+    sizes = [sum(len(r.body) for r in rows) for rows in sink.batches.values() if rows]
+    assert all(size < 50_000 + 1024 for size in sizes), f"a batch went past maxBytesPerTrigger: {sizes}"
+    assert len(sizes) >= total * 1024 // 50_000, sizes
+    assert sorted(bytes(b)[:4] for b in sink.bodies()) == [b"%04d" % i for i in range(total)]
+    assert env.state(q) == (0, 0)
+
+
+@needs_admission_control
+def test_handoff_path_hands_batches_over_as_files_and_removes_them(spark, env, tmp_path):
+    total = 300
+    q = env.queue("handoff")
+    env.publish(q, [f"h{i:03d}" for i in range(total)],
+                properties=[pika.BasicProperties(message_id=f"id-{i}", headers={"n": i}) for i in range(total)])
+    handoff = tmp_path / "handoff"
+
+    def files_now(batch_id, rows):
+        return sorted(p.name for p in handoff.rglob("*.arrow"))
+
+    sink = Collector(probe=files_now)
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=100, handoffPath=handoff)
+             .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120), "availableNow did not stop by itself"
+    assert query.exception() is None
+    assert [bytes(r.body) for r in sink.rows] == [f"h{i:03d}".encode() for i in range(total)]
+    assert [(r.message_id, r.headers) for r in sink.rows] == [(f"id-{i}", {"n": str(i)}) for i in range(total)]
+    # While a batch ran its file was there (the rows came from it); once the query stopped, nothing is left.
+    with_rows = [b for b, rows in sink.batches.items() if rows]
+    assert all(sink.probes[b] for b in with_rows), sink.probes
+    # Each batch's files go at its commit; the run's directory at the query's stop, or else at the next run.
+    assert list(Path(handoff).rglob("*.arrow")) == []
+    first_runs = sorted(Path(handoff).iterdir())
+    env.publish(q, ["again"])
+    query = (stream(spark, env.url, q, handoffPath=handoff).writeStream.foreachBatch(Collector())
+             .option("checkpointLocation", checkpoint(tmp_path)).trigger(availableNow=True).start())
+    assert query.awaitTermination(120) and query.exception() is None
+    assert not set(first_runs) & set(Path(handoff).iterdir()), "an earlier run's directory was left"
+    assert env.state(q) == (0, 0)
