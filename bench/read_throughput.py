@@ -43,7 +43,7 @@ class PeakRSS(Sampler):
     """Samples the RSS of the JVM's Python child that runs the streaming source (driver side)."""
 
     def __init__(self):
-        super().__init__(0.2)
+        super().__init__(0.25)
         self.peak = 0
 
     def take(self):
@@ -131,7 +131,7 @@ def start_spark():
 def measure(target: Target, n: int, drain) -> tuple[float, dict, object]:
     """Run `drain()` (returns msg/s, or (msg/s, extra)) under a CPU sampler: (msg/s, CPU us per message by
     role, extra)."""
-    with CpuByRole(target.process) as cpu:
+    with CpuByRole(target.process, interval=0.25) as cpu:
         result = drain()
     rate, extra = result if isinstance(result, tuple) else (result, None)
     return rate, cpu.per_message(n), extra
@@ -197,13 +197,15 @@ def main(argv=None) -> int:
     cases = parse_cases(args.cases)
 
     spark, proc, embedded, targets = start_targets(args)
-    # Warm-up: the first query of a session pays for class loading, and the first ~100,000 rows through
-    # the JVM for compiling its Arrow-to-row path (about 1 s); a query that has been running is past both.
+    # Warm-up: the first queries of a session pay for class loading and for the JIT compiling Spark's paths
+    # (the JVM's compiler threads took 10-19 us per message of a 250,000-message query after one warm-up
+    # query, measured by thread); a query that has been running is past both. Three warm-up queries.
     lines = []
     try:
         warm = declare_queue(embedded.url)
-        preload(embedded.url, warm, WARM_UP_MESSAGES, 100)
-        spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES)
+        for handoff in (None, None, args.handoff):
+            preload(embedded.url, warm, WARM_UP_MESSAGES, 100)
+            spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES, handoff=handoff)
         for t in targets:
             for n, size in cases:
                 lines.append(report(t.name, n, size, run_case(spark, t, n, size, args)))

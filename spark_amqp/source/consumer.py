@@ -29,6 +29,9 @@ PREFETCH_MAX = 65535
 # of up to 100,000 rows amortize Spark's fixed cost per micro-batch (about 0.35 s here), while the driver
 # holds at most 200,000 deliveries (about 60 MB of 100-byte messages), whatever the backlog.
 DEFAULT_PREFETCH = 200000
+# Prefetch per queue until the first batch tells the messages' size (see QueueConsumer's sized_start): with
+# the default 200,000 from the start, 4 KB messages put 800 MB in the driver before the first batch.
+FIRST_PREFETCH = 2000
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 # Seconds to wait for the close-ok of a connection that is being replaced after a loss.
 ABANDON_TIMEOUT = 0.5
@@ -81,14 +84,19 @@ class Batch:
 
 
 class QueueConsumer:
-    def __init__(self, options, journal=None):
+    def __init__(self, options, journal=None, sized_start: bool = False):
+        """`sized_start`: without the `prefetch` option, consume with FIRST_PREFETCH until the first batch
+        shows the messages' size (`_fit_prefetch`), so that large messages never arrive 200,000 at once.
+        Not for a reader whose first batch is the whole run (PySpark 4.0/4.1 under availableNow)."""
         self.options = options
         self.journal = journal      # BatchJournal (journalPath): redelivered copies it holds are dropped
         self.queues = [QueueState(name) for name in options["queue"]]
         self.default_prefetch = options.get("prefetch") or _default_prefetch(options)
         self.prefetch = self.default_prefetch     # lowered for large messages: _fit_prefetch
+        if sized_start and not options.get("prefetch"):
+            self.prefetch = min(self.default_prefetch, FIRST_PREFETCH)
         self.batch_bytes = options.get("maxBytesPerTrigger") or BY_KEY["maxbytespertrigger"].default
-        self.channels_per_queue = -(-self.prefetch // PREFETCH_MAX)
+        self.channels_per_queue = -(-self.default_prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
         self.consuming = False      # consumers started (connect() or the first take())
@@ -275,7 +283,7 @@ class QueueConsumer:
     def _fit_prefetch(self) -> None:
         """Without the `prefetch` option: once message sizes are known, a prefetch that would hold far more
         than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the default 200,000) is lowered to
-        that, and raised back (up to the default) if messages shrink. RabbitMQ applies a channel's
+        that, and one far below it (FIRST_PREFETCH, or after messages shrank) raised, up to the default. RabbitMQ applies a channel's
         basic.qos to consumers started after it, so each consumer is cancelled and started again; the
         deliveries it already sent stay unacked on the channel, acked with their batches."""
         mean = self._mean_size()

@@ -72,6 +72,8 @@ class ArrowPartition(InputPartition):
 class _QueueStreamReaderBase(DataSourceStreamReader):
     """What both API generations share: the driver's consumer, the backlog, partitions, commit and stop."""
 
+    SIZED_START = True      # QueueConsumer's sized_start: a small first prefetch until sizes are known
+
     def __init__(self, options):
         self.options = options
         self._consumer: QueueConsumer | None = None
@@ -97,7 +99,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 self._journal.load()
             if self.options.get("handoffPath") and self._handoff is None:
                 self._handoff = HandoffDir(self.options["handoffPath"])
-            consumer = QueueConsumer(self.options, journal=self._journal)
+            consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
             consumer.connect(consume=False)
             self._consumer = consumer
         return self._consumer
@@ -224,6 +226,8 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
     4.1 run it as a single batch unless `spark.sql.streaming.triggerAvailableNowWrapper.enabled` is true,
     and either way the source cannot see the trigger; a batch that ends the run is acked only if Spark
     calls `latestOffset()` once more (the wrapper does), else it is redelivered to the next run."""
+
+    SIZED_START = False     # under availableNow the first batch is the whole run: it must be full-sized
 
     def __init__(self, options):
         super().__init__(options)

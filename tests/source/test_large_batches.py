@@ -90,3 +90,23 @@ def test_handoff_path_hands_batches_over_as_files_and_removes_them(spark, env, t
     assert query.awaitTermination(120) and query.exception() is None
     assert not set(first_runs) & set(Path(handoff).iterdir()), "an earlier run's directory was left"
     assert env.state(q) == (0, 0)
+
+
+def test_a_sized_start_takes_few_messages_until_their_size_is_known(env):
+    """The streaming source's consumer starts with a prefetch of 2,000 (FIRST_PREFETCH), so that large
+    messages never arrive 200,000 at once; once the first batch shows 1 KB messages it rises to what two
+    batches of 64 MiB take (131,072), and the rest of the backlog flows."""
+    q = env.queue("sized")
+    env.publish_bulk(q, [KB] * 5000)
+    consumer = QueueConsumer(parse({"uri": env.url, "queue": q}, "source"), sized_start=True)
+    consumer.connect()
+    try:
+        env.wait_state(q, (3000, 2000), timeout=30)
+        first = consumer.take(1, consumer.batch_count(consumer.prefetch // 2))
+        assert first.count == 1000
+        assert consumer.prefetch == 2 * 64 * 2**20 // 1024
+        env.wait_state(q, (0, 5000), timeout=30)
+        consumer.ack_through(1)
+        env.wait_state(q, (0, 4000), timeout=30)
+    finally:
+        consumer.close()
