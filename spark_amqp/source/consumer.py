@@ -281,11 +281,12 @@ class QueueConsumer:
         return max_count if mean is None else max(1, min(max_count, int(self.batch_bytes // mean)))
 
     def _fit_prefetch(self) -> None:
-        """Without the `prefetch` option: once message sizes are known, a prefetch that would hold far more
-        than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the default 200,000) is lowered to
-        that, and one far below it (FIRST_PREFETCH, or after messages shrank) raised, up to the default. RabbitMQ applies a channel's
-        basic.qos to consumers started after it, so each consumer is cancelled and started again; the
-        deliveries it already sent stay unacked on the channel, acked with their batches."""
+        """Driver, after each take, without the `prefetch` option: once message sizes are known, a prefetch
+        that would hold far more than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the
+        default 200,000) is lowered to that, and one far below it (FIRST_PREFETCH, or after messages shrank)
+        raised, up to the default. RabbitMQ applies a channel's basic.qos to consumers started after it, so
+        each consumer is cancelled and started again; the deliveries it already sent stay unacked on the
+        channel, acked with their batches."""
         mean = self._mean_size()
         if self.options.get("prefetch") or mean is None or not self.consuming:
             return

@@ -5,7 +5,8 @@ process, copied into the driver's JVM, serialized into the task, deserialized on
 to the executor's Python worker, which reads them back. With it, the driver writes each partition to an
 Arrow IPC file under `handoffPath` and the partition holds only its path; the executor's Python worker
 reads the file (memory-mapped when local). Measured with bench/read_throughput.py on local[2]: the JVM's
-CPU per 4 KB message fell from 73 to 26 us and the driver's JVM no longer holds a batch's bytes.
+CPU per message fell from 8.5 to 4.3 us (100 B) and from 64 to 26 us (4 KB), and the driver's JVM no
+longer holds a batch's bytes (README, Performance).
 
 The directory must be one every executor can read: any local path in local mode, else a shared filesystem
 (`hdfs://`, `s3://`, ... as pyarrow's filesystems reach them). Each run of a query writes under its own
