@@ -4,7 +4,8 @@ acked once Spark has committed it.
 Where things run (measured on PySpark 4.3.0, DESIGN.md): `initialOffset`, `latestOffset`, `partitions`,
 `commit` and `stop` run on the driver, in one long-lived Python process per query, so that process owns the
 AMQP connection; `read` runs on executors with a copy of this object pickled at planning time, so it uses
-only its partition (the batch's rows as Arrow IPC bytes) and never a socket.
+only its partition (the batch's rows as Arrow IPC bytes, or with `handoffPath` the path of a file holding
+them) and never a socket.
 
 Offsets are `{"seq": N}`: batch N's end; every batch covers exactly one planned `seq`. When to ack: on
 PySpark >= 4.2 (`QueueStreamReader`), `latestOffset(start, limit)` is called on every trigger and only once
