@@ -110,3 +110,28 @@ def test_a_sized_start_takes_few_messages_until_their_size_is_known(env):
         env.wait_state(q, (0, 4000), timeout=30)
     finally:
         consumer.close()
+
+
+def test_handoff_path_under_a_processing_time_trigger(spark, env, tmp_path):
+    """The same handoff on every PySpark (4.0 and 4.1 included, whose reader numbers batches by the clock):
+    a running query reads its batches from files, and each batch's files go once it is committed."""
+    total = 120
+    q = env.queue("handoffpt")
+    env.publish(q, [f"p{i:03d}" for i in range(total)])
+    handoff = tmp_path / "handoff"
+    sink = Collector(probe=lambda batch_id, rows: sorted(p.name for p in handoff.rglob("*.arrow")))
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=50, handoffPath=handoff)
+             .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, message=f"{total} rows")
+        # The last batch with rows is acked (and its files removed) at a later trigger: wait for that.
+        wait_until(lambda: env.state(q) == (0, 0), 30, message=lambda: f"every message acked: {env.state(q)}")
+        wait_until(lambda: not list(handoff.rglob("*.arrow")), 10,
+                   message=lambda: f"the committed batches' files removed: {list(handoff.rglob('*.arrow'))}")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert sorted(bytes(r.body) for r in sink.rows) == [f"p{i:03d}".encode() for i in range(total)]
+    with_rows = [b for b, rows in sink.batches.items() if rows]
+    assert len(with_rows) >= 3 and all(sink.probes[b] for b in with_rows), sink.probes
