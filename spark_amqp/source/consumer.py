@@ -211,15 +211,15 @@ class QueueConsumer:
 
     # --- batches -----------------------------------------------------------------------------------
 
-    def take(self, seq: int, max_count: int, wait: float = 0.0, max_bytes: int | None = None) -> Batch:
+    def take(self, seq: int, max_count: int, wait: float = 0.0) -> Batch:
         """Record batch `seq` from deliveries already received (up to max_count in all, and bodies of
-        about `max_bytes`, by default maxBytesPerTrigger: the delivery that reaches it is the last; waits
-        up to `wait` seconds for the first one). A batch of zero deliveries is still recorded."""
+        about maxBytesPerTrigger: the delivery that reaches it is the last; waits up to `wait` seconds for
+        the first one). A batch of zero deliveries is still recorded."""
         batch = Batch(seq)
         self.start_consuming()
         if self.ensure_connected():
             remaining = max_count
-            bytes_left = self.batch_bytes if max_bytes is None else max_bytes
+            bytes_left = self.batch_bytes
             deadline = time.monotonic() + wait
             channels = [(q, ch) for q in self.queues for ch in q.channels]
             for q, ch in channels:
@@ -298,12 +298,10 @@ class QueueConsumer:
         self.prefetch = fitted
         for q in self.queues:
             try:
-                share = -(-self.prefetch // len(q.channels)) if q.channels else 0
                 for ch in q.channels:
-                    for tag in list(ch.consumer_tags):
+                    for tag in ch.consumer_tags:
                         ch.basic_cancel(tag)
-                    ch.basic_qos(share)
-                    ch.basic_consume(q.name)
+                self._consume(q)
             except AMQPError as exc:
                 log.warning("AMQP source: lost channel for %s while changing its prefetch (%s); reconnecting",
                             q.name, exc)

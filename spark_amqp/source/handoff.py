@@ -97,7 +97,7 @@ def read_file(partition: FilePartition):
     fs, _, local = arrow_rows.filesystem(partition.base)
     try:
         source = pa.memory_map(partition.path) if local else fs.open_input_file(partition.path)
-    except (OSError, FileNotFoundError) as exc:
+    except OSError as exc:
         raise RuntimeError(
             f"option handoffPath={partition.base!r}: this executor cannot read {partition.path} ({exc}); "
             "handoffPath must be a directory every executor reads (local mode, or a shared filesystem)"
