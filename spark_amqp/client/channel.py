@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import uuid
 from typing import NamedTuple
 
 from pamqp import commands
@@ -199,8 +200,23 @@ class Channel:
     # ------------------------------------------------------------------------------------ consuming
 
     def basic_consume(self, queue: str, no_ack: bool = False, arguments: dict | None = None, *,
-                      exclusive: bool = False, consumer_tag: str = "") -> str:
-        """Start a consumer; its deliveries queue up for `get_deliveries`. Returns the consumer tag."""
+                      exclusive: bool = False, consumer_tag: str = "", nowait: bool = False) -> str:
+        """Start a consumer; its deliveries queue up for `get_deliveries`. Returns the consumer tag.
+
+        `nowait`: send and return without waiting for consume-ok (the tag is ours, made up if not given).
+        RabbitMQ answers a consume only after its queue process has served the consumers before it, which
+        can take half a second while it is pushing deliveries to them; a refusal then arrives later, as
+        the channel's close."""
+        if nowait:
+            tag = consumer_tag or f"spark-amqp-{uuid.uuid4().hex}"
+            with self._cond:
+                if self._error is not None:
+                    raise self._error.fresh()
+                self._consumers.add(tag)
+            self.connection._send(frames.method_frame(self.number, methods.unchecked(
+                commands.Basic.Consume, queue=queue, consumer_tag=tag, no_ack=no_ack, exclusive=exclusive,
+                arguments=arguments or {}, nowait=True)))
+            return tag
         ok = self._rpc(methods.unchecked(commands.Basic.Consume, queue=queue, consumer_tag=consumer_tag, no_ack=no_ack,
                              exclusive=exclusive, arguments=arguments or {}), (commands.Basic.ConsumeOk,))
         self._consumers.add(ok.consumer_tag)

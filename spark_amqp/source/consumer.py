@@ -154,14 +154,15 @@ class QueueConsumer:
         elif mode == "passive":
             ch.queue_declare(q.name, passive=True)
 
-    def _consume(self, q: QueueState) -> None:
-        """Manual-ack consumers on the queue, the prefetch shared among its channels."""
+    def _consume(self, q: QueueState, nowait: bool = False) -> None:
+        """Manual-ack consumers on the queue, the prefetch shared among its channels (`nowait`: without
+        waiting for consume-ok, for consumers restarted where they ran before)."""
         share = -(-self.prefetch // self.channels_per_queue)
         while len(q.channels) < self.channels_per_queue:
             q.channels.append(self.conn.channel())
         for ch in q.channels:
             ch.basic_qos(share)
-            ch.basic_consume(q.name)
+            ch.basic_consume(q.name, nowait=nowait)
 
     def start_consuming(self) -> None:
         """Start the consumers (once; a reconnect restarts them by itself)."""
@@ -301,7 +302,9 @@ class QueueConsumer:
                 for ch in q.channels:
                     for tag in ch.consumer_tags:
                         ch.basic_cancel(tag)
-                self._consume(q)
+                # RabbitMQ answers a consume after serving the consumers started before it: waiting
+                # for each consume-ok held the first batch back by ~0.45 s (measured, 4 channels).
+                self._consume(q, nowait=True)
             except AMQPError as exc:
                 log.warning("AMQP source: lost channel for %s while changing its prefetch (%s); reconnecting",
                             q.name, exc)

@@ -100,6 +100,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 self._journal.load()
             if self.options.get("handoffPath") and self._handoff is None:
                 self._handoff = HandoffDir(self.options["handoffPath"])
+            arrow_rows.warm_up_in_background()
             consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
             consumer.connect(consume=False)
             self._consumer = consumer

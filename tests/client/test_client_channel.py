@@ -240,6 +240,27 @@ def test_get_deliveries_timeout_and_cancel(channel, unique_name):
     assert channel.queue_declare(q, passive=True).message_count == 1
 
 
+def test_consume_nowait_delivers_under_its_own_tag_and_a_refusal_closes_the_channel(connect, unique_name):
+    conn = connect()
+    channel = conn.channel()
+    q = channel.queue_declare(unique_name(), exclusive=True).name
+    for i in range(3):
+        channel.publish("", q, b"%d" % i)
+    tag = channel.basic_consume(q, nowait=True)
+    assert tag.startswith("spark-amqp-") and tag in channel.consumer_tags
+    got = wait_until(lambda: channel.get_deliveries(10, timeout=0.5) or None, timeout=5)
+    assert [d.body for d in got] == [b"0", b"1", b"2"] and {d.consumer_tag for d in got} == {tag}
+    channel.basic_ack(got[-1].delivery_tag, multiple=True)
+    channel.basic_cancel(tag)
+    assert channel.queue_declare(q, passive=True) == (q, 0, 0)
+
+    refused = conn.channel()
+    refused.basic_consume(unique_name(), nowait=True)   # no such queue: the broker closes the channel
+    with pytest.raises(ChannelClosedError) as info:
+        wait_until(lambda: refused.get_deliveries(10, timeout=0.5) or None, timeout=5)
+    assert info.value.reply_code == 404
+    assert channel.is_open
+
 def test_broker_cancels_consumer_when_queue_deleted(connect, unique_name):
     conn = connect()
     consumer, admin = conn.channel(), conn.channel()
