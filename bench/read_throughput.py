@@ -10,12 +10,16 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
      then again (handoff) with the option `handoffPath` (a local temporary directory, or --handoff);
   4. preload again; (ceiling) drain it with our AMQP client alone (no Spark), as the source's driver
      consumes: the rate the broker delivers to a fast consumer, which bounds what the source can reach;
-  5. with --journal, preload again; (journal) as (source) with the option `journalPath`;
+  5. preload again; (batched) drain it with the source's own consumer (`QueueConsumer`) driven as the
+     source drives it, without Spark: each batch acked only when the next is taken, after a pause of
+     --batch-pause seconds standing for Spark's cycle: what the ack-at-commit discipline alone costs;
+  6. with --journal, preload again; (journal) as (source) with the option `journalPath`;
 and print msg/s and MB/s (bodies) for each, the ratios source/pika and source/ceiling, the peak resident
 memory of the driver-side Python process that runs the source, and for every drain the CPU microseconds per
 message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench).
 
     python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--journal]
+                                    [--batch-pause 0.3]
 """
 
 from __future__ import annotations
@@ -97,6 +101,32 @@ def client_drain(url: str, queue: str, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
+def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
+    """The source's consumer without Spark: batches of half the prefetch, each acked when the next is taken
+    (as `latestOffset` acks the committed batch before planning the next), `pause` s between batches."""
+    from spark_amqp.options import parse
+    from spark_amqp.source.consumer import QueueConsumer
+    consumer = QueueConsumer(parse({"uri": url, "queue": queue}, "source"), sized_start=True)
+    consumer.connect(consume=False)
+    try:
+        seq, got, t0 = 0, 0, time.perf_counter()
+        consumer.start_consuming()
+        while got < n:
+            seq += 1
+            consumer.ack_through(seq - 1)
+            cap = consumer.batch_count(max(1, consumer.prefetch // 2))
+            consumer.wait_pending(cap, 1.0)
+            batch = consumer.take(seq, cap)
+            if not batch.count and not consumer.wait_pending(1, 10):
+                raise SystemExit(f"batched drain: stalled after {got} of {n} messages")
+            got += batch.count
+            time.sleep(pause)
+        consumer.ack_through(seq)
+        return n / (time.perf_counter() - t0)
+    finally:
+        consumer.close()
+
+
 def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None,
                 journal: bool = False, handoff: str | None = None) -> tuple[float, int]:
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
@@ -155,7 +185,8 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
         drains = [("pika", lambda: pika_drain(t.url, queue, n, size)),
                   ("source", lambda: spark_drain(spark, t.url, queue, n, args.prefetch)),
                   ("handoff", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, handoff=args.handoff)),
-                  ("ceiling", lambda: client_drain(t.url, queue, n))]
+                  ("ceiling", lambda: client_drain(t.url, queue, n)),
+                  ("batched", lambda: batched_drain(t.url, queue, n, args.batch_pause))]
         if args.journal:
             drains.append(("journal", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, journal=True)))
         for name, drain in drains:
@@ -167,7 +198,8 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
 
 
 def report(name: str, n: int, size: int, rows: dict) -> str:
-    pika, source, handoff, ceiling = (rows[k][0] for k in ("pika", "source", "handoff", "ceiling"))
+    pika, source, handoff, ceiling, batched = (rows[k][0] for k in ("pika", "source", "handoff", "ceiling",
+                                                                     "batched"))
     print(f"\n{name}, {n:,} x {size} B")
     for label, (rate, cpu, peak) in rows.items():
         rss = f"   source process peak RSS {peak / 2**20:,.0f} MB" if peak else ""
@@ -175,11 +207,12 @@ def report(name: str, n: int, size: int, rows: dict) -> str:
               f"{format_breakdown(cpu)}{rss}")
     journal = rows.get("journal")
     summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; with handoffPath "
-               f"{handoff / pika:.2f} and {handoff / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}"
+               f"{handoff / pika:.2f} and {handoff / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}; "
+               f"batched/ceiling {batched / ceiling:.2f}, with handoffPath/batched {handoff / batched:.2f}"
                + (f"; journal/source {journal[0] / source:.2f}" if journal else ""))
     print(f"  {summary}", flush=True)
     return (f"{name} {n:,} x {size} B: pika {pika:,.0f}, source {source:,.0f}, with handoffPath {handoff:,.0f}, "
-            f"ceiling {ceiling:,.0f} msg/s; {summary}")
+            f"ceiling {ceiling:,.0f}, batched {batched:,.0f} msg/s; {summary}")
 
 
 def main(argv=None) -> int:
@@ -190,6 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip-embedded", action="store_true")
     p.add_argument("--prefetch", type=int, default=None, help="the source's prefetch option (default: its own)")
     p.add_argument("--journal", action="store_true", help="also measure the source with journalPath")
+    p.add_argument("--batch-pause", type=float, default=0.3,
+                   help="seconds the 'batched' drain pauses per batch, standing for Spark's cycle (default 0.3: "
+                        "addBatch plus commit in the source's runs)")
     p.add_argument("--handoff", default=None,
                    help="the source's handoffPath for the 'handoff' row (default: a new temporary directory)")
     args = p.parse_args(argv)
