@@ -76,7 +76,7 @@ class HandoffDir:
 
     def committed(self, seq: int) -> None:
         """Batches through `seq` are committed: their files go."""
-        for done in [s for s in list(self.files) if s <= seq]:   # list(): a batch may be written meanwhile
+        for done in [s for s in self.files if s <= seq]:
             for part in self.files.pop(done):
                 try:
                     self.fs.delete_file(part.path)

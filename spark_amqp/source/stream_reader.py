@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
@@ -85,8 +84,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._journal: BatchJournal | None = None
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
         self._handoff: HandoffDir | None = None   # handoffPath: where partitions go as files
-        self._prepared: dict[int, Future] = {}    # planned batches' partitions, being built ahead
-        self._builder: ThreadPoolExecutor | None = None
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -111,10 +108,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def _planned(self, batch: Batch) -> None:
         """Driver, in latestOffset, for a batch with rows, before its offset is returned to Spark: with
-        journalPath, its rows are written durably now (the file every later attempt is served from). Then
-        its partitions start being built on a background thread (`_prepare`)."""
+        journalPath, its rows are written durably now (the file every later attempt is served from)."""
         if self._journal is None:
-            self._prepare(batch.seq)
             return
         record_batch = arrow_rows.to_record_batch(batch.deliveries)
         keys = batch_keys(record_batch, batch.deliveries)
@@ -124,15 +119,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             at += len(part.deliveries)
         self._journal.record(batch.seq, record_batch, keys, self._consumer.generation)
         self._built[batch.seq] = record_batch
-        self._prepare(batch.seq)
-
-    def _prepare(self, seq: int) -> None:
-        """Driver: build batch `seq`'s partitions (Arrow, and its files with handoffPath) on a background
-        thread. Between latestOffset and partitions() Spark logs the offset and plans the batch, and this
-        process only waits: the build overlaps that (measured: ~70 ms per 64 MiB batch of 4 KB messages)."""
-        if self._builder is None:
-            self._builder = ThreadPoolExecutor(1, thread_name_prefix="spark-amqp partitions")
-        self._prepared[seq] = self._builder.submit(self._build_partitions, seq)
 
     def _ack_through(self, seq: int) -> None:
         """Driver: batches through `seq` are committed; ack them (and let the journal drop their files)."""
@@ -146,8 +132,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             self._journal.settle(seq)
         if self._handoff is not None:
             self._handoff.committed(seq)
-        for done in [s for s in self._prepared if s <= seq]:
-            del self._prepared[done]        # never asked for (Spark planned it again, or not at all)
 
     def initialOffset(self) -> dict:
         """Driver. A new query starts at batch 0; connecting here reports bad options at once."""
@@ -175,16 +159,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         return {"seq": self._latest, "queues": self._consumer.backlog(ask_broker=ask)}
 
     def _batch_partitions(self, seq: int) -> list:
-        """Driver. Batch `seq` as Arrow partitions: those `_prepare` built, else built now (Spark asking
-        again, or a batch of an earlier run)."""
-        prepared = self._prepared.pop(seq, None)
-        if prepared is not None:
-            return prepared.result()
-        return self._build_partitions(seq)
-
-    def _build_partitions(self, seq: int) -> list:
-        """Driver (the caller's thread or `_prepare`'s). A batch this process never planned was planned by
-        a run that stopped before its commit: it is taken again from what the broker redelivers."""
+        """Driver. Batch `seq` as Arrow partitions. A batch this process never planned was planned by a run
+        that stopped before its commit: it is taken again from what the broker redelivers."""
         consumer = self._session()
         batch = consumer.batches.get(seq)
         record_batch = self._built.get(seq)
@@ -226,10 +202,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def stop(self) -> None:
         """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true)."""
-        if self._builder is not None:       # a build still running would write into a removed directory
-            self._builder.shutdown(wait=True, cancel_futures=True)
-            self._builder = None
-            self._prepared.clear()
         if self._handoff is not None:        # first: Spark may end this process soon after calling stop
             self._handoff.close()
             self._handoff = None
