@@ -24,8 +24,9 @@ _EMPTY: dict = {}
 def warm_up_in_background() -> None:
     """Driver, when the source connects: pyarrow imports pandas on its first `pa.array` of a Python list
     (to ask whether the list is a pandas object), 0.25-0.45 s of CPU that would otherwise delay the query's
-    first batch. A daemon thread pays it while the consumers wait for their first deliveries. A
-    `pa.array` racing the import sees pandas as absent, which is right for the lists built here."""
+    first batch. A daemon thread pays it while the consumers wait for their first deliveries; a `pa.array`
+    that comes while the import runs waits for it (pyarrow's lock, or Python's import lock), never longer
+    than it would have taken itself."""
     threading.Thread(target=pa.array, args=([b""], pa.binary()), name="spark-amqp arrow warm-up",
                      daemon=True).start()
 
