@@ -207,18 +207,15 @@ class Channel:
         RabbitMQ answers a consume only after its queue process has served the consumers before it, which
         can take half a second while it is pushing deliveries to them; a refusal then arrives later, as
         the channel's close."""
+        tag = consumer_tag or (f"spark-amqp-{uuid.uuid4().hex}" if nowait else "")
+        consume = methods.unchecked(commands.Basic.Consume, queue=queue, consumer_tag=tag, no_ack=no_ack,
+                                    exclusive=exclusive, arguments=arguments or {}, nowait=nowait)
         if nowait:
-            tag = consumer_tag or f"spark-amqp-{uuid.uuid4().hex}"
-            with self._cond:
-                if self._error is not None:
-                    raise self._error.fresh()
-                self._consumers.add(tag)
-            self.connection._send(frames.method_frame(self.number, methods.unchecked(
-                commands.Basic.Consume, queue=queue, consumer_tag=tag, no_ack=no_ack, exclusive=exclusive,
-                arguments=arguments or {}, nowait=True)))
+            self._check()
+            self._consumers.add(tag)
+            self.connection._send(frames.method_frame(self.number, consume))
             return tag
-        ok = self._rpc(methods.unchecked(commands.Basic.Consume, queue=queue, consumer_tag=consumer_tag, no_ack=no_ack,
-                             exclusive=exclusive, arguments=arguments or {}), (commands.Basic.ConsumeOk,))
+        ok = self._rpc(consume, (commands.Basic.ConsumeOk,))
         self._consumers.add(ok.consumer_tag)
         return ok.consumer_tag
 

@@ -261,6 +261,7 @@ def test_consume_nowait_delivers_under_its_own_tag_and_a_refusal_closes_the_chan
     assert info.value.reply_code == 404
     assert channel.is_open
 
+
 def test_broker_cancels_consumer_when_queue_deleted(connect, unique_name):
     conn = connect()
     consumer, admin = conn.channel(), conn.channel()
