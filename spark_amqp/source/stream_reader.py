@@ -52,8 +52,11 @@ IN_FLIGHT_WAIT = 2.0
 # cluster; smaller slices cost more in Spark's per-task and per-row overhead than they gain (measured with
 # bench/read_throughput.py: 20,000 gave 0.75x the throughput).
 ROWS_PER_PARTITION = 50000
-# Bodies per partition, at most about: a partition is one task's input, held whole in the JVM.
-PARTITION_BYTES = 16 * 2**20
+# Bodies per partition, at most about: a partition is one task's input (inside the task without handoffPath),
+# and each task costs Spark ~0.1 s on local[2] however few its rows. A default batch of 4 KB messages (64 MiB)
+# is split in two like one of 100 B messages: with 16 MiB (four tasks, two waves) bench/read_throughput.py
+# read 132-138 MB/s with handoffPath, with 32 MiB 152-168 MB/s; with 64 MiB (one task) 158-162 MB/s.
+PARTITION_BYTES = 32 * 2**20
 # Seconds between the broker round trips behind the backlog's `ready` figure in the query's progress while
 # batches keep coming (an idle trigger always asks): see QueueConsumer.backlog.
 BACKLOG_REFRESH = 5.0

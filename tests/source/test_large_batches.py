@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pika
+import pyarrow as pa
 
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
 from spark_amqp.options import parse
+from spark_amqp.schema import ARROW_SCHEMA
+from spark_amqp.source import arrow_rows
 from spark_amqp.source.consumer import QueueConsumer
 from waiting import wait_until
 
@@ -135,3 +138,20 @@ def test_handoff_path_under_a_processing_time_trigger(spark, env, tmp_path):
     assert sorted(bytes(r.body) for r in sink.rows) == [f"p{i:03d}".encode() for i in range(total)]
     with_rows = [b for b, rows in sink.batches.items() if rows]
     assert len(with_rows) >= 3 and all(sink.probes[b] for b in with_rows), sink.probes
+
+
+def test_a_batch_is_sliced_into_even_partitions_without_a_small_remainder():
+    """Each slice is one Spark task: a batch just over a whole number of slices is cut into that many
+    slices, slightly larger, and otherwise into slices of even size (never a task for a few rows)."""
+    def batch(rows: int, body_size: int) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(
+            [pa.array([b"b" * body_size] * rows, pa.binary()) if f.name == "body" else pa.nulls(rows, f.type)
+             for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+
+    sixteen_mib = 16 * 2**20
+    assert arrow_rows.rows_per_slice(batch(16_384, 4096), 50_000, sixteen_mib) == 4096   # not 4 x 4,092 + 16
+    assert arrow_rows.rows_per_slice(batch(17_000, 4096), 50_000, sixteen_mib) == 3400   # 5 even slices
+    assert arrow_rows.rows_per_slice(batch(100_500, 10), 50_000, sixteen_mib) == 50_250
+    assert arrow_rows.rows_per_slice(batch(60_000, 10), 50_000, sixteen_mib) == 30_000
+    assert arrow_rows.rows_per_slice(batch(2, 4096), 50_000, 1000) == 1     # bodies larger than the bound
+    assert arrow_rows.rows_per_slice(batch(0, 10), 50_000, sixteen_mib) == 1
