@@ -8,6 +8,8 @@ import logging
 import signal
 import sys
 
+from spark_amqp import gc_tuning
+
 from .config import BrokerConfig
 from .server import Server
 
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    gc_tuning.for_message_holding_process()
     try:
         asyncio.run(_serve(server))
     except KeyboardInterrupt:

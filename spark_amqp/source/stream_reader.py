@@ -34,6 +34,7 @@ try:   # PySpark >= 4.2: admission control (read limits) and availableNow for Py
 except ImportError:   # PySpark 4.0 / 4.1
     ADMISSION_CONTROL = False
 
+from .. import gc_tuning
 from . import arrow_rows
 from .consumer import Batch, QueueConsumer
 from .handoff import FilePartition, HandoffDir, read_file
@@ -104,6 +105,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             if self.options.get("handoffPath") and self._handoff is None:
                 self._handoff = HandoffDir(self.options["handoffPath"])
             arrow_rows.warm_up_in_background()
+            gc_tuning.for_message_holding_process()   # this process runs only the source (Spark's runner)
             consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
             consumer.connect(consume=False)
             self._consumer = consumer
