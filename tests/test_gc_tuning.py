@@ -1,5 +1,5 @@
-"""The collector thresholds of the processes that hold many messages (the broker's own process, the
-streaming source's driver process): raised, never lowered, in a fresh interpreter of their own."""
+"""The collector thresholds the streaming source sets in its driver process (`gc_tuning`): raised to
+THRESHOLDS, never lowered, checked in a fresh interpreter of its own."""
 
 from __future__ import annotations
 
