@@ -141,7 +141,7 @@ def rows_per_slice(batch: pa.RecordBatch, max_rows: int, max_body_bytes: int) ->
     most = max(1, min(max_rows, n if body_bytes <= max_body_bytes else max_body_bytes * n // body_bytes))
     if n <= most:
         return max(1, n)
-    slices = max(1, math.ceil(n / most - SLICE_SLACK))
+    slices = math.ceil(n / most - SLICE_SLACK)     # at least 1: n > most
     return -(-n // slices)
 
 

@@ -111,8 +111,8 @@ def test_message_data_does_not_flow_through_the_driver(spark, env, tmp_path):
     2,000 messages of a publish on a faster machine, and three probes of it were 7% of the data)."""
     s = env.stream()
     total, size, tail = 20_000, 500, 100
-    for start in [*range(0, total - tail, 2000), total - tail]:
-        end = total if start == total - tail else min(start + 2000, total - tail)
+    bounds = [*range(0, total - tail, 2000), total - tail, total]
+    for start, end in zip(bounds, bounds[1:]):
         env.publish_bulk(s, [b"%06d" % i + b"x" * (size - 6) for i in range(start, end)])
     with ReceivedBytes(urlparse(env.url).port or 5672) as received:
         query = (stream(spark, env.url, s, queueType="stream", startingOffsets="earliest", minPartitions=4)
