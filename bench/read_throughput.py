@@ -6,8 +6,10 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
   1. preload the messages into a fresh queue (pika, confirms);
   2. (pika) drain it with a plain pika consumer: prefetch 1,000, basic.ack(multiple) every 100;
   3. preload again; (source) drain it with `spark.readStream.format("amqp")` under
-     `trigger(availableNow=True)` into the `noop` sink, timed end to end (query start to termination);
-     then again (handoff) with the option `handoffPath` (a local temporary directory, or --handoff);
+     `trigger(availableNow=True)` into the `noop` sink, timed end to end (query start to termination), with
+     default options (on local[2], `handoff=auto` hands batches over as files after the first);
+     then again (inline) with `handoff=inline`: every batch inside Spark's tasks, as on a cluster without
+     a shared filesystem;
   4. preload again; (ceiling) drain it with our AMQP client alone (no Spark), as the source's driver
      consumes: the rate the broker delivers to a fast consumer, which bounds what the source can reach;
   5. preload again; (batched) drain it with the source's own consumer (`QueueConsumer`) driven as the
@@ -18,8 +20,8 @@ and print msg/s and MB/s (bodies) for each, the ratios source/pika and source/ce
 memory of the driver-side Python process that runs the source, and for every drain the CPU microseconds per
 message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench).
 
-    python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--journal]
-                                    [--batch-pause 0.3]
+    python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--skip-embedded]
+                                    [--journal] [--batch-pause 0.3]
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
 
 
 def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None,
-                journal: bool = False, handoff: str | None = None) -> tuple[float, int]:
+                journal: bool = False, inline: bool = False) -> tuple[float, int]:
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
     with PeakRSS() as rss:
         t0 = time.perf_counter()
@@ -137,8 +139,8 @@ def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None
             reader = reader.option("prefetch", prefetch)
         if journal:
             reader = reader.option("journalPath", tempfile.mkdtemp(prefix="bench-journal-"))
-        if handoff:
-            reader = reader.option("handoffPath", handoff)
+        if inline:
+            reader = reader.option("handoff", "inline")
         q = (reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
         q.awaitTermination()
@@ -184,7 +186,7 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
     try:
         drains = [("pika", lambda: pika_drain(t.url, queue, n, size)),
                   ("source", lambda: spark_drain(spark, t.url, queue, n, args.prefetch)),
-                  ("handoff", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, handoff=args.handoff)),
+                  ("inline", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, inline=True)),
                   ("ceiling", lambda: client_drain(t.url, queue, n)),
                   ("batched", lambda: batched_drain(t.url, queue, n, args.batch_pause))]
         if args.journal:
@@ -198,20 +200,20 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
 
 
 def report(name: str, n: int, size: int, rows: dict) -> str:
-    pika, source, handoff, ceiling, batched = (rows[k][0] for k in ("pika", "source", "handoff", "ceiling",
-                                                                     "batched"))
+    pika, source, inline, ceiling, batched = (rows[k][0] for k in ("pika", "source", "inline", "ceiling",
+                                                                    "batched"))
     print(f"\n{name}, {n:,} x {size} B")
     for label, (rate, cpu, peak) in rows.items():
         rss = f"   source process peak RSS {peak / 2**20:,.0f} MB" if peak else ""
         print(f"  {label:<8} {rate:>10,.0f} msg/s {rate * size / 1e6:>8.1f} MB/s   CPU us/msg: "
               f"{format_breakdown(cpu)}{rss}")
     journal = rows.get("journal")
-    summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; with handoffPath "
-               f"{handoff / pika:.2f} and {handoff / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}; "
-               f"batched/ceiling {batched / ceiling:.2f}, with handoffPath/batched {handoff / batched:.2f}"
+    summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; inline/pika "
+               f"{inline / pika:.2f}, inline/ceiling {inline / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}; "
+               f"batched/ceiling {batched / ceiling:.2f}, source/batched {source / batched:.2f}"
                + (f"; journal/source {journal[0] / source:.2f}" if journal else ""))
     print(f"  {summary}", flush=True)
-    return (f"{name} {n:,} x {size} B: pika {pika:,.0f}, source {source:,.0f}, with handoffPath {handoff:,.0f}, "
+    return (f"{name} {n:,} x {size} B: pika {pika:,.0f}, source {source:,.0f}, inline {inline:,.0f}, "
             f"ceiling {ceiling:,.0f}, batched {batched:,.0f} msg/s; {summary}")
 
 
@@ -226,10 +228,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-pause", type=float, default=0.3,
                    help="seconds the 'batched' drain pauses per batch, standing for Spark's cycle (default 0.3: "
                         "addBatch plus commit in the source's runs)")
-    p.add_argument("--handoff", default=None,
-                   help="the source's handoffPath for the 'handoff' row (default: a new temporary directory)")
     args = p.parse_args(argv)
-    args.handoff = args.handoff or tempfile.mkdtemp(prefix="bench-handoff-")
     cases = parse_cases(args.cases)
 
     spark, proc, embedded, targets = start_targets(args)
@@ -239,9 +238,9 @@ def main(argv=None) -> int:
     lines = []
     try:
         warm = declare_queue(embedded.url)
-        for handoff in (None, None, args.handoff):
+        for inline in (True, False, False):
             preload(embedded.url, warm, WARM_UP_MESSAGES, 100)
-            spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES, handoff=handoff)
+            spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES, inline=inline)
         for t in targets:
             for n, size in cases:
                 lines.append(report(t.name, n, size, run_case(spark, t, n, size, args)))

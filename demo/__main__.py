@@ -102,8 +102,6 @@ def build_pipeline(spark, url: str, checkpoint: str, cfg: dict):
               .option("uri", url)
               .option("queue", "orders.all")
               .option("maxMessagesPerTrigger", cfg.get("max_messages_per_trigger", 5000))
-              # local[2]: the executors read each batch from a local file, not through the driver's JVM
-              .option("handoffPath", os.path.join(os.path.dirname(checkpoint), "handoff"))
               .load())
     events = orders.select(F.from_json(F.col("body").cast("string"), schema).alias("e"), "message_id")
     results = (events

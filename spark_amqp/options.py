@@ -222,7 +222,12 @@ OPTIONS = (
            "Queue mode: directory every executor can read (any local path in local mode, else a shared "
            "filesystem URI such as `hdfs://` or `s3://`) where the driver writes each micro-batch's "
            "partitions as Arrow files for the executors to read, instead of sending the rows inside "
-           "Spark's tasks through the driver's JVM. Files are removed when their batch commits. One per query."),
+           "Spark's tasks through the driver's JVM (without it, see `handoff`). Files are removed when their batch "
+           "commits. One per query."),
+    Option("handoff", "source", "auto", _choice("auto", "inline"),
+           "Queue mode, without `handoffPath`: `auto` (default) hands batches to the executors as files in "
+           "a directory of its own under Spark's local directory once the first batch shows that they run "
+           "inside the driver's JVM (local mode), else inside Spark's tasks; `inline` always inside the tasks."),
     Option("ack", "source", False, _bool,
            "Batch read (`spark.read`): ack what was read once the read completes (default: return it to the queue)."),
     Option("maxMessages", "source", None, _positive_int,
@@ -381,6 +386,9 @@ def parse(options, role: str) -> Options:
                 if unknown:
                     raise OptionError(n, json.dumps(out[n]), f"names {', '.join(unknown)}, which the option "
                                       f"'queue' does not list ({', '.join(out['queue'])})")
+        if out.get("handoffPath") and out["handoff"] == "inline":
+            raise OptionError("handoff", "inline", f"contradicts handoffPath={out['handoffPath']!r} (files "
+                              "there): set one of the two")
         if out.get("bindingKeys") is not None and not out.get("exchange"):
             raise OptionError("bindingKeys", ",".join(out["bindingKeys"]), "needs the option 'exchange'")
     return out

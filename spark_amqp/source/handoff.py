@@ -14,13 +14,20 @@ The directory must be one every executor can read: any local path in local mode,
 the query stops, and directories left by earlier runs (a driver killed -9) when the next run starts: so,
 as with journalPath, one directory per query.
 
-Where it runs: `HandoffDir` on the driver (the source's `partitions` and `commit`), `read_file` on the
-executors.
+Without `handoffPath` (option `handoff=auto`, the default), the source hands off through files only once
+the executors are shown to run inside the driver's JVM (Spark's local mode: notebooks, tests, single-machine
+jobs), in a directory of its own under Spark's local directory (`LocalModeProbe`); a cluster gets the rows
+inside its tasks as before.
+
+Where it runs: `HandoffDir` and `LocalModeProbe` on the driver (the source's `partitions` and `commit`),
+`read_file` and `answer_probe` on the executors.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import uuid
 
 import pyarrow as pa
@@ -30,6 +37,10 @@ from pyspark.sql.datasource import InputPartition
 from . import arrow_rows
 
 log = logging.getLogger("spark_amqp.source")
+
+# Under Spark's local directory (handoff=auto): LocalModeProbe's directory and probe file, then "<pid>-<uuid>".
+DIR_PREFIX = "spark-amqp-handoff-"
+PROBE_PREFIX = "spark-amqp-probe-"
 
 
 class FilePartition(InputPartition):
@@ -45,8 +56,10 @@ class FilePartition(InputPartition):
 class HandoffDir:
     """The driver's side: writes a batch's slices, removes them once the batch is committed."""
 
-    def __init__(self, base: str):
+    def __init__(self, base: str, owned: bool = False):
+        """`owned`: `base` is this reader's own directory (handoff=auto), removed with the run's."""
         self.base = base
+        self.owned = owned
         self.fs, root, self.local = arrow_rows.filesystem(base)
         self.root = f"{root.rstrip('/')}/run-{uuid.uuid4().hex}"
         self.fs.create_dir(self.root, recursive=True)
@@ -86,10 +99,103 @@ class HandoffDir:
     def close(self) -> None:
         """The query stops: the run's directory goes (what Spark has not committed is re-planned anew)."""
         self.files.clear()
+        directory = self.base if self.owned else self.root
         try:
-            self.fs.delete_dir(self.root)
+            self.fs.delete_dir(directory)
         except OSError as exc:
-            log.warning("AMQP source: cannot remove handoff directory %s: %s", self.root, exc)
+            log.warning("AMQP source: cannot remove handoff directory %s: %s", directory, exc)
+
+
+class LocalModeProbe:
+    """Driver (the source's process): whether this query's executors run inside the driver's JVM, so that
+    a batch can reach them as files in a directory of the driver's machine without `handoffPath`.
+
+    Spark gives each Python process it starts its block manager's directories in SPARK_LOCAL_DIRS: this
+    process, and the executors' Python workers. Those are the same only within one JVM, which is local mode,
+    where the driver's JVM is the only executor (PySpark 4.3, measured: local[2] the same directory;
+    local-cluster, whose executors are JVMs of their own on the same machine, different ones). The driver
+    cannot ask the executors before a task runs, so its first partitions carry a ticket (its directories
+    and a path): an executor whose directories are the same creates the file at that path (`answer_probe`),
+    and the next batch's planning finds it there. Anything else (no SPARK_LOCAL_DIRS, other directories, a
+    failed write) leaves the rows inside the tasks."""
+
+    ENV = "SPARK_LOCAL_DIRS"
+
+    def __init__(self):
+        dirs = os.environ.get(self.ENV, "")
+        self.local_dirs = dirs
+        self.first_dir = dirs.split(",")[0] if dirs else ""
+        # Named after this process: Spark may end it before stop() has removed them, and another query of
+        # the same application (its own process, the same local directory) removes them once it is gone.
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex}"
+        self.path = os.path.join(self.first_dir, f"{PROBE_PREFIX}{self.token}") if self.first_dir else ""
+
+    def ticket(self) -> tuple[str, str] | None:
+        """What an inline partition carries for `answer_probe` (None: nothing to ask)."""
+        return (self.local_dirs, self.path) if self.path else None
+
+    def answered(self) -> bool:
+        """Whether an executor in this JVM has read a partition that carried the ticket."""
+        return bool(self.path) and os.path.exists(self.path)
+
+    def handoff_dir(self) -> HandoffDir | None:
+        """The directory for this reader's files, under Spark's local directory (Spark removes it at its
+        shutdown if the source could not); None, with a warning, if it cannot be made."""
+        _remove_dead_processes_files(self.first_dir)
+        try:
+            return HandoffDir(os.path.join(self.first_dir, f"{DIR_PREFIX}{self.token}"), owned=True)
+        except OSError as exc:
+            log.warning("AMQP source: cannot make a handoff directory under %s (%s); the rows stay inside "
+                        "Spark's tasks", self.first_dir, exc)
+            return None
+
+    def close(self) -> None:
+        if self.path:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+
+
+def _remove_dead_processes_files(local_dir: str) -> None:
+    """Driver: the probe files and handoff directories that LocalModeProbe made for source processes no
+    longer running (Spark ended them before their stop() finished)."""
+    try:
+        names = os.listdir(local_dir)
+    except OSError:
+        return
+    for name in names:
+        prefix = next((p for p in (DIR_PREFIX, PROBE_PREFIX) if name.startswith(p)), None)
+        pid = name[len(prefix):].split("-")[0] if prefix else ""
+        if not pid.isdigit() or int(pid) == os.getpid() or _running(int(pid)):
+            continue
+        path = os.path.join(local_dir, name)
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        except OSError as exc:
+            log.warning("AMQP source: cannot remove %s, left by an earlier run: %s", path, exc)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True      # there, and not ours to signal
+    return True
+
+
+def answer_probe(ticket: tuple[str, str] | None) -> None:
+    """Executor: tell the driver this worker runs in its JVM (see LocalModeProbe) by creating the ticket's
+    file, if its SPARK_LOCAL_DIRS are the driver's. Never fails the read."""
+    if not ticket or os.environ.get(LocalModeProbe.ENV) != ticket[0]:
+        return
+    try:
+        with open(ticket[1], "x"):
+            pass
+    except OSError:
+        pass     # already there (another partition), or not writable: then the rows stay inline
 
 
 def read_file(partition: FilePartition):

@@ -37,7 +37,7 @@ except ImportError:   # PySpark 4.0 / 4.1
 from .. import gc_tuning
 from . import arrow_rows
 from .consumer import Batch, QueueConsumer
-from .handoff import FilePartition, HandoffDir, read_file
+from .handoff import FilePartition, HandoffDir, LocalModeProbe, answer_probe, read_file
 from .journal import BatchJournal, batch_keys
 
 log = logging.getLogger("spark_amqp.source")
@@ -67,11 +67,13 @@ FILL_WAIT = 1.0
 
 
 class ArrowPartition(InputPartition):
-    """One slice of a micro-batch: its rows as Arrow IPC bytes (made on the driver, read on an executor)."""
+    """One slice of a micro-batch: its rows as Arrow IPC bytes (made on the driver, read on an executor),
+    and while the driver does not know whether its executors share its JVM, LocalModeProbe's ticket."""
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, probe: tuple[str, str] | None = None):
         super().__init__(None)
         self.data = data
+        self.probe = probe
 
 
 class _QueueStreamReaderBase(DataSourceStreamReader):
@@ -87,7 +89,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._backlog_asked = 0.0
         self._journal: BatchJournal | None = None
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
-        self._handoff: HandoffDir | None = None   # handoffPath: where partitions go as files
+        self._handoff: HandoffDir | None = None   # handoffPath (or handoff=auto in local mode): files here
+        self._probe: LocalModeProbe | None = None  # handoff=auto: asking whether the executors share our JVM
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -104,6 +107,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 self._journal.load()
             if self.options.get("handoffPath") and self._handoff is None:
                 self._handoff = HandoffDir(self.options["handoffPath"])
+            elif self.options.get("handoff") == "auto" and self._handoff is None and self._probe is None:
+                self._probe = LocalModeProbe()
             arrow_rows.warm_up_in_background()
             gc_tuning.for_message_holding_process()   # this process runs only the source (Spark's runner)
             consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
@@ -181,10 +186,31 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         if not record_batch.num_rows:
             return []
         rows = arrow_rows.rows_per_slice(record_batch, ROWS_PER_PARTITION, PARTITION_BYTES)
+        if self._handoff is None and self._probe is not None and self._probe.answered():
+            self._local_mode_found()
         if self._handoff is not None:
-            return self._handoff.partitions(seq, record_batch, rows)
-        return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, rows)))
+            try:
+                return self._handoff.partitions(seq, record_batch, rows)
+            except OSError as exc:
+                if not self._handoff.owned:     # the user's handoffPath: they must know
+                    raise
+                log.warning("AMQP source: cannot write batch %s under %s (%s); batches go inside Spark's "
+                            "tasks from now on", seq, self._handoff.base, exc)
+                self._handoff.close()
+                self._handoff = None
+        ticket = self._probe.ticket() if self._probe is not None else None
+        return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, rows)), ticket)
                 for offset in range(0, record_batch.num_rows, rows)]
+
+    def _local_mode_found(self) -> None:
+        """Driver (handoff=auto): an executor answered the probe, so every executor is this JVM; later
+        batches go through files under Spark's local directory, as with handoffPath."""
+        probe, self._probe = self._probe, None
+        probe.close()
+        self._handoff = probe.handoff_dir()
+        if self._handoff is not None:
+            log.info("AMQP source: the executors run in the driver's JVM (local mode); batches go to them as "
+                     "files under %s (option handoff=inline keeps them inside the tasks)", self._handoff.base)
 
     def _from_journal(self, seq: int):
         """Driver: batch `seq` as an earlier run journaled it (None if it did not), kept until its commit
@@ -210,6 +236,9 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         if self._handoff is not None:        # first: Spark may end this process soon after calling stop
             self._handoff.close()
             self._handoff = None
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -221,6 +250,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         if isinstance(partition, FilePartition):
             yield from read_file(partition)
             return
+        answer_probe(partition.probe)
         yield from arrow_rows.deserialize(partition.data)
 
 

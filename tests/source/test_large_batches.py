@@ -3,10 +3,12 @@ to the executors as files (handoffPath)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pika
 import pyarrow as pa
+import pytest
 
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
 from spark_amqp.options import parse
@@ -138,6 +140,47 @@ def test_handoff_path_under_a_processing_time_trigger(spark, env, tmp_path):
     assert sorted(bytes(r.body) for r in sink.rows) == [f"p{i:03d}".encode() for i in range(total)]
     with_rows = [b for b, rows in sink.batches.items() if rows]
     assert len(with_rows) >= 3 and all(sink.probes[b] for b in with_rows), sink.probes
+
+
+def _local_dirs(spark) -> list[Path]:
+    """Spark's local directories (its block manager's) in this session's JVM, where handoff=auto writes, as
+    an executor's Python worker sees them."""
+    dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).collect()[0]
+    return [Path(d) for d in dirs.split(",")]
+
+
+@pytest.mark.parametrize("handoff", ["auto", "inline"])
+def test_without_handoff_path_local_mode_hands_batches_over_as_files(spark, env, tmp_path, handoff):
+    """Without handoffPath, on local[2]: the first batch's rows go inside its tasks and tell the driver that
+    the executors run in its JVM; every later batch is read from files under Spark's local directory, which
+    are gone once it commits (handoff=auto, the default). handoff=inline keeps every batch inside the tasks."""
+    total = 400
+    q = env.queue(f"handoff{handoff}")
+    env.publish(q, [f"a{i:03d}" for i in range(total)])
+    local_dirs = _local_dirs(spark)
+
+    def files_now(batch_id, rows):
+        return sorted(p.name for d in local_dirs for p in d.glob("spark-amqp-handoff-*/**/*.arrow"))
+
+    sink = Collector(probe=files_now)
+    query = (stream(spark, env.url, q, maxMessagesPerTrigger=100, handoff=handoff).writeStream
+             .foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, message=f"{total} rows")
+        wait_until(lambda: env.state(q) == (0, 0), 30, message=lambda: f"every message acked: {env.state(q)}")
+        wait_until(lambda: not files_now(None, None), 10, message="the committed batches' files removed")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert sorted(bytes(r.body) for r in sink.rows) == [f"a{i:03d}".encode() for i in range(total)]
+    with_rows = [b for b in sink.order if sink.batches[b]]
+    assert len(with_rows) >= 3, sink.batches.keys()
+    if handoff == "inline":
+        assert not any(sink.probes[b] for b in with_rows), sink.probes
+    else:
+        assert not sink.probes[with_rows[0]], "the first batch is the probe: its rows are inside its tasks"
+        assert all(sink.probes[b] for b in with_rows[1:]), sink.probes
 
 
 def test_a_batch_is_sliced_into_even_partitions_without_a_small_remainder():
