@@ -102,7 +102,14 @@ class BatchJournal:
 
     def load(self) -> int:
         """At the start of a run: every file left by an earlier run waits for its messages' redelivered
-        copies (its batch may be committed or not). Returns the number of files."""
+        copies (its batch may be committed or not). Returns the number of files. A `.tmp` file is a batch
+        whose writing a killed run never finished: its offset never reached Spark and its messages were
+        never acked, so it is removed (they come again as deliveries, to be planned anew)."""
+        for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
+            if info.base_name.endswith(".tmp") and _NAME.match(info.base_name[:-4]):
+                self.fs.delete_file(info.path)
+                log.info("AMQP source: journal %s: removed %s, left unfinished by an earlier run", self.path,
+                         info.base_name)
         seqs = self.seqs()
         for seq in seqs:
             keys = self._read(seq).column(KEY_COLUMN).to_pylist()
