@@ -251,26 +251,15 @@ def rabbitmq_setup(vhost: str, users: Sequence[str], setup: Callable[[], None], 
 
 
 class BrokerProcess:
-    """`python -m spark_amqp_broker --port 0 --data-dir D [extra]`, its port read from its log, its log kept
-    (`extra` may name the port: `--port N` to restart a killed broker where its clients reconnect)."""
+    """`python -m spark_amqp_broker ARGS` in a process of its own, its log (stderr) read by a thread and kept."""
 
-    def __init__(self, data_dir, *extra: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_amqp_broker", "--port", "0", "--data-dir", str(data_dir), *extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    def __init__(self, args: Sequence[str], cwd=None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "spark_amqp_broker", *args], cwd=cwd,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._queue: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        deadline = time.monotonic() + 20
-        self.port = None
-        while self.port is None:
-            line = self._queue.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert line is not None, f"the broker exited early: {self.lines}"
-            m = re.search(r"broker listening on 127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
     def _read(self):
         for line in self.proc.stderr:
@@ -278,14 +267,42 @@ class BrokerProcess:
             self._queue.put(line)
         self._queue.put(None)
 
-    def stop(self, how: str) -> None:
+    def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match:
+        """The first log line from now on that matches `pattern` (the test fails if none comes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                pytest.fail(f"no log line matching {pattern!r} within {timeout}s; got {self.lines}")
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                pytest.fail(f"the broker exited ({self.proc.poll()}) before logging {pattern!r}: {self.lines}")
+            m = re.search(pattern, line)
+            if m:
+                return m
+
+    def stop(self, how: str = "term") -> None:
+        """SIGTERM (the broker must exit 0) or kill -9."""
         if how == "kill":
             self.proc.kill()
         else:
             self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(timeout=20) == (-signal.SIGKILL if how == "kill" else 0)
-        self._reader.join(timeout=10)
+        self._reader.join(timeout=10)       # it ends at the pipe's EOF, once the process is gone
         self.proc.stderr.close()
 
     def log(self) -> str:
         return "".join(self.lines)
+
+
+class DataDirBroker(BrokerProcess):
+    """`python -m spark_amqp_broker --port 0 --data-dir D [extra]`, its port read from its log (`extra` may
+    name the port: `--port N` to restart a killed broker where its clients reconnect)."""
+
+    def __init__(self, data_dir, *extra: str):
+        super().__init__(["--port", "0", "--data-dir", str(data_dir), *extra])
+        self.port = int(self.wait_for(r"broker listening on 127\.0\.0\.1:(\d+)").group(1))
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"

@@ -20,7 +20,7 @@ import pika.exceptions
 import pytest
 
 from spark_amqp_broker import Broker
-from brokers import BrokerProcess
+from brokers import DataDirBroker
 from helpers import pika_connect, queue_exists
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -29,10 +29,10 @@ TRANSIENT = pika.BasicProperties(delivery_mode=1)
 
 @pytest.fixture
 def brokers():
-    started: list[BrokerProcess] = []
+    started: list[DataDirBroker] = []
 
     def start(data_dir, *extra):
-        b = BrokerProcess(data_dir, *extra)
+        b = DataDirBroker(data_dir, *extra)
         started.append(b)
         return b
     yield start

@@ -8,13 +8,10 @@ a CA of the test's own where a test needs client certificates or a second CA. Po
 
 from __future__ import annotations
 
-import queue
-import re
 import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from brokers import BrokerProcess
 from helpers import PROTOCOL_HEADER, pika_params, safe_close
 from spark_amqp_broker import Broker, BrokerConfig
 from spark_amqp_broker.pytest_plugin import write_tls_files
@@ -398,51 +396,6 @@ def test_tls_port_taken_fails_start_and_frees_the_plain_port(pki):
 
 
 # --------------------------------------------------------------------------------------- the CLI
-
-
-class BrokerProcess:
-    """`python -m spark_amqp_broker ...` with its log lines collected by a reader thread."""
-
-    def __init__(self, args: list[str], cwd):
-        self.proc = subprocess.Popen([sys.executable, "-m", "spark_amqp_broker", *args], cwd=cwd,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 20.0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(f"no log line matching {pattern!r} within {timeout}s; got {self.seen}")
-            try:
-                line = self.lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                pytest.fail(f"the broker exited ({self.proc.poll()}) before logging {pattern!r}: {self.seen}")
-            self.seen.append(line)
-            m = re.search(pattern, line)
-            if m:
-                return m
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._reader.join(timeout=10)       # it ends at the pipe's EOF, once the process is gone
-        self.proc.stderr.close()
 
 
 def test_cli_listens_for_tls(pki, tmp_path):

@@ -26,7 +26,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from brokers import RABBITMQ_URL, BrokerProcess, require_rabbitmq
+from brokers import RABBITMQ_URL, DataDirBroker, require_rabbitmq
 from source_helpers import Collector, Env, checkpoint, job_batches, job_spec, kill_group, start_job, stream
 from spark_amqp.source.stream_reader import ADMISSION_CONTROL
 from waiting import wait_until
@@ -195,7 +195,7 @@ def test_broker_killed_under_a_running_query_with_a_journal(spark, tmp_path):
     """The embedded broker, on a data directory, is killed (-9) while a query reads and a publisher
     publishes with confirms, and restarted on the same port: every confirmed message is read, none twice."""
     total = 2000
-    broker = BrokerProcess(tmp_path / "data")
+    broker = DataDirBroker(tmp_path / "data")
     url = broker.url
     q = "faults-durable"
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -214,7 +214,7 @@ def test_broker_killed_under_a_running_query_with_a_journal(spark, tmp_path):
                    message="rows before the broker is killed")
         assert publisher.is_alive(), "the publisher finished before the broker was killed: nothing to test"
         broker.stop("kill")
-        broker = BrokerProcess(tmp_path / "data", "--port", str(urlparse(url).port))
+        broker = DataDirBroker(tmp_path / "data", "--port", str(urlparse(url).port))
         publisher.join(timeout=120)
         assert not publisher.is_alive(), "the publisher did not finish after the restart"
         confirmed = {f"p{i}".encode() for i in publisher.confirmed}
