@@ -21,7 +21,7 @@ memory of the driver-side Python process that runs the source, and for every dra
 message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench).
 
     python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--skip-embedded]
-                                    [--journal] [--batch-pause 0.3]
+                                    [--journal] [--batch-pause 0.3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -225,6 +225,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-embedded", action="store_true")
     p.add_argument("--prefetch", type=int, default=None, help="the source's prefetch option (default: its own)")
     p.add_argument("--journal", action="store_true", help="also measure the source with journalPath")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="drain each case this many times in a row (each round reported: this machine is noisy)")
     p.add_argument("--batch-pause", type=float, default=0.3,
                    help="seconds the 'batched' drain pauses per batch, standing for Spark's cycle (default 0.3: "
                         "addBatch plus commit in the source's runs)")
@@ -243,7 +245,8 @@ def main(argv=None) -> int:
             spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES, inline=inline)
         for t in targets:
             for n, size in cases:
-                lines.append(report(t.name, n, size, run_case(spark, t, n, size, args)))
+                for _ in range(args.rounds):
+                    lines.append(report(t.name, n, size, run_case(spark, t, n, size, args)))
     finally:
         stop_embedded(proc)
         spark.stop()

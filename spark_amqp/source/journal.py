@@ -107,9 +107,14 @@ class BatchJournal:
         never acked, so it is removed (they come again as deliveries, to be planned anew)."""
         for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
             if info.base_name.endswith(".tmp") and _NAME.match(info.base_name[:-4]):
-                self.fs.delete_file(info.path)
-                log.info("AMQP source: journal %s: removed %s, left unfinished by an earlier run", self.path,
-                         info.base_name)
+                try:
+                    self.fs.delete_file(info.path)
+                except OSError as exc:     # harmless where it is: never read
+                    log.warning("AMQP source: journal %s: cannot remove %s, left unfinished by an earlier "
+                                "run: %s", self.path, info.base_name, exc)
+                else:
+                    log.info("AMQP source: journal %s: removed %s, left unfinished by an earlier run",
+                             self.path, info.base_name)
         seqs = self.seqs()
         for seq in seqs:
             keys = self._read(seq).column(KEY_COLUMN).to_pylist()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 
 
@@ -50,7 +51,12 @@ def main() -> int:
     writers = [writer_for(spec) for spec in specs]
     if mode != "availableNow":
         for w in writers:
-            w.trigger(processingTime="300 milliseconds").start()
+            query = w.trigger(processingTime="300 milliseconds").start()
+            # One after another: each query's source process must connect back to the JVM within Spark's
+            # 10 s, and four starting at once on a loaded two-core machine made one miss it (CI, once).
+            deadline = time.monotonic() + 20
+            while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+                time.sleep(0.1)
         spark.streams.awaitAnyTermination()
         return 1
     # The drains run one query after another: several availableNow queries started at once in one driver
