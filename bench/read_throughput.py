@@ -18,7 +18,10 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
   6. with --journal, preload again; (journal) as (source) with the option `journalPath`;
 and print msg/s and MB/s (bodies) for each, the ratios source/pika and source/ceiling, the peak resident
 memory of the driver-side Python process that runs the source, and for every drain the CPU microseconds per
-message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench).
+message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench), and for each
+Spark drain the seconds its batches spent in each of Spark's phases (latestOffset: the source waiting for
+and taking a batch; addBatch: partitions built and tasks run; walCommit/commitOffsets: the checkpoint's
+offset and commit logs).
 
     python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--skip-embedded]
                                     [--journal] [--batch-pause 0.3] [--rounds 1]
@@ -145,10 +148,31 @@ def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None
              .trigger(availableNow=True).start())
         q.awaitTermination()
         seconds = time.perf_counter() - t0
-    rows = sum(p["numInputRows"] for p in q.recentProgress)
+    progress = q.recentProgress
+    rows = sum(p["numInputRows"] for p in progress)
     if rows < n:
         raise SystemExit(f"spark read {rows} rows, expected {n}")
-    return n / seconds, rss.peak
+    return n / seconds, SparkRun(rss.peak, seconds, progress)
+
+
+class SparkRun:
+    """What a Spark drain leaves besides its rate: the source process's peak RSS, and where the query's
+    time went by Spark's own per-batch phases (`durationMs` of each progress event, summed over the run)."""
+
+    PHASES = ("latestOffset", "queryPlanning", "addBatch", "walCommit", "commitOffsets")
+
+    def __init__(self, peak_rss: int, seconds: float, progress: list):
+        self.peak_rss = peak_rss
+        self.seconds = seconds
+        self.batches = sum(1 for p in progress if p["numInputRows"])
+        self.phase_seconds = {name: sum(p["durationMs"].get(name, 0) for p in progress) / 1000
+                              for name in self.PHASES}
+
+    def describe(self) -> str:
+        phases = "  ".join(f"{name} {s:.1f}" for name, s in self.phase_seconds.items())
+        other = self.seconds - sum(self.phase_seconds.values())
+        return (f"source process peak RSS {self.peak_rss / 2**20:,.0f} MB; {self.batches} batches; "
+                f"seconds: {phases}  other {other:.1f} (query start and stop, triggers)")
 
 
 def start_spark():
@@ -203,10 +227,11 @@ def report(name: str, n: int, size: int, rows: dict) -> str:
     pika, source, inline, ceiling, batched = (rows[k][0] for k in ("pika", "source", "inline", "ceiling",
                                                                     "batched"))
     print(f"\n{name}, {n:,} x {size} B")
-    for label, (rate, cpu, peak) in rows.items():
-        rss = f"   source process peak RSS {peak / 2**20:,.0f} MB" if peak else ""
+    for label, (rate, cpu, run) in rows.items():
         print(f"  {label:<8} {rate:>10,.0f} msg/s {rate * size / 1e6:>8.1f} MB/s   CPU us/msg: "
-              f"{format_breakdown(cpu)}{rss}")
+              f"{format_breakdown(cpu)}")
+        if run is not None:
+            print(f"  {'':<8} {run.describe()}")
     journal = rows.get("journal")
     summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; inline/pika "
                f"{inline / pika:.2f}, inline/ceiling {inline / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}; "

@@ -1,22 +1,26 @@
 """What the broker sends, as the client's events: frames in, `Delivery`/`Returned`/`Confirm`/methods out.
 
 Sans-I/O (`EventParser.feed(bytes)` returns the events those bytes complete, in wire order); the reader
-thread of `connection.py` feeds it. Frames come from the codec's `FrameReader`, which hands over a
-basic.deliver together with its header and body when all three are already buffered (the consume hot
-path); content that arrives in pieces is assembled here per channel (spec 4.2.6: a content's frames are
-contiguous on its channel but may interleave across channels).
+thread of `connection.py` feeds it. The consume hot path is `_whole_deliveries`: a basic.deliver whose
+header and single body frame are already buffered becomes a `Delivery` in one pass over the buffer, with no
+frame objects in between. Anything else comes frame by frame from the codec's `FrameReader`, and content
+that arrives in pieces is assembled here per channel (spec 4.2.6: a content's frames are contiguous on its
+channel but may interleave across channels).
 """
 
 from __future__ import annotations
 
+import struct
+
 from pamqp import commands
 
 from ..codec import methods, properties, replies
-from ..codec.frames import (FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, WHOLE_CONTENT,
-                            FrameReader, decode_content_header)
+from ..codec.frames import (CONTENT_HEAD, FRAME_BODY, FRAME_END, FRAME_HEAD, FRAME_HEADER, FRAME_HEARTBEAT,
+                            FRAME_METHOD, FrameReader, decode_content_header)
 from .errors import ProtocolError
 
 EMPTY_PROPERTIES = properties.EMPTY
+_TAG_BITS = struct.Struct(">QB")
 
 
 class Delivery:
@@ -109,7 +113,7 @@ class EventParser:
     HEARTBEAT = "heartbeat"
 
     def __init__(self, frame_max: int = 131072):
-        self._reader = FrameReader(frame_max, whole_content=frozenset((methods.DELIVER,)))
+        self._reader = FrameReader(frame_max)
         self._content: dict[int, _Content] = {}
 
     @property
@@ -128,71 +132,148 @@ class EventParser:
 
     def _feed(self, data: bytes) -> list:
         events: list = []
-        append = events.append
-        content = self._content
-        decode_deliver = methods.decode_deliver
-        self._reader.feed(data)
-        for ftype, ch, payload in self._reader.frames():
-            if ftype == WHOLE_CONTENT:
-                if content and ch in content:
-                    raise ProtocolError(f"new content on channel {ch} before the previous one completed")
-                method, header, body = payload
-                ctag, tag, redelivered, exchange, routing_key = decode_deliver(method)
-                msg = Delivery(ch, ctag, tag, redelivered, exchange, routing_key)
-                props = header[12:]
-                msg.properties_raw = EMPTY_PROPERTIES if props == EMPTY_PROPERTIES else props
-                msg.body = body
-                append(msg)
-            elif ftype == FRAME_METHOD:
-                prefix = payload[:4]
-                if prefix == methods.ACK or prefix == methods.NACK:
-                    append(Confirm(ch, *methods.decode_ack(payload), prefix == methods.ACK))
-                    continue
-                if ch in content:
-                    raise ProtocolError(f"method frame on channel {ch} while content was expected "
-                                        "(spec 4.2.6)")
-                msg = _message(ch, payload)
-                if msg is not None:
-                    content[ch] = _Content(msg)
-                else:
-                    append((ch, methods.unmarshal_method(payload)))
-            elif ftype == FRAME_HEADER:
-                pending = content.get(ch)
-                if pending is None or pending.remaining != -1:
-                    raise ProtocolError(f"unexpected content header on channel {ch}")
-                body_size = decode_content_header(payload)[1]
-                msg = pending.message
-                msg.properties_raw = payload[12:]
-                if body_size == 0:
-                    del content[ch]
-                    append(msg)
-                else:
-                    pending.remaining = body_size
-            elif ftype == FRAME_BODY:
-                pending = content.get(ch)
-                if pending is None or pending.remaining <= 0:
-                    raise ProtocolError(f"unexpected content body on channel {ch}")
-                remaining = pending.remaining - len(payload)
-                if remaining < 0:
-                    raise ProtocolError(f"content body on channel {ch} exceeds its declared size")
-                if remaining == 0 and pending.chunks is None:
-                    pending.message.body = payload  # the common case: one body frame
-                else:
-                    if pending.chunks is None:
-                        pending.chunks = []
-                    pending.chunks.append(payload)
-                    if remaining == 0:
-                        pending.message.body = b"".join(pending.chunks)
-                if remaining == 0:
-                    del content[ch]
-                    append(pending.message)
-                else:
-                    pending.remaining = remaining
-            elif ftype == FRAME_HEARTBEAT:
-                append(self.HEARTBEAT)
+        reader = self._reader
+        reader.feed(data)
+        while True:
+            if not self._content:
+                taken = _whole_deliveries(reader.buffer, reader.frame_max, events)
+                if taken:
+                    reader.buffer = reader.buffer[taken:]
+            for ftype, ch, payload in reader.frames():
+                if self._frame(ftype, ch, payload, events):
+                    break      # a content that came in pieces is complete: whole deliveries may follow
             else:
-                raise ProtocolError(f"unknown frame type {ftype} (spec 4.2.3)")
-        return events
+                return events
+
+    def _frame(self, ftype: int, ch: int, payload: bytes, events: list) -> bool:
+        """One frame into `events`; True when it completed a content and no other is pending."""
+        content = self._content
+        if ftype == FRAME_METHOD:
+            prefix = payload[:4]
+            if prefix == methods.ACK or prefix == methods.NACK:
+                events.append(Confirm(ch, *methods.decode_ack(payload), prefix == methods.ACK))
+                return False
+            if ch in content:
+                raise ProtocolError(f"method frame on channel {ch} while content was expected (spec 4.2.6)")
+            msg = _message(ch, payload)
+            if msg is not None:
+                content[ch] = _Content(msg)
+            else:
+                events.append((ch, methods.unmarshal_method(payload)))
+            return False
+        if ftype == FRAME_HEADER:
+            pending = content.get(ch)
+            if pending is None or pending.remaining != -1:
+                raise ProtocolError(f"unexpected content header on channel {ch}")
+            body_size = decode_content_header(payload)[1]
+            msg = pending.message
+            msg.properties_raw = payload[12:]
+            if body_size:
+                pending.remaining = body_size
+                return False
+            del content[ch]
+            events.append(msg)
+            return not content
+        if ftype == FRAME_BODY:
+            pending = content.get(ch)
+            if pending is None or pending.remaining <= 0:
+                raise ProtocolError(f"unexpected content body on channel {ch}")
+            remaining = pending.remaining - len(payload)
+            if remaining < 0:
+                raise ProtocolError(f"content body on channel {ch} exceeds its declared size")
+            if remaining == 0 and pending.chunks is None:
+                pending.message.body = payload  # the common case: one body frame
+            else:
+                if pending.chunks is None:
+                    pending.chunks = []
+                pending.chunks.append(payload)
+                if remaining == 0:
+                    pending.message.body = b"".join(pending.chunks)
+            if remaining:
+                pending.remaining = remaining
+                return False
+            del content[ch]
+            events.append(pending.message)
+            return not content
+        if ftype == FRAME_HEARTBEAT:
+            events.append(self.HEARTBEAT)
+            return False
+        raise ProtocolError(f"unknown frame type {ftype} (spec 4.2.3)")
 
     def forget_channel(self, ch: int) -> None:
         self._content.pop(ch, None)
+
+
+def _whole_deliveries(buf: bytes, frame_max: int, events: list) -> int:
+    """The consume hot path: each basic.deliver at the front of `buf` whose content header and single body
+    frame (or no body) follow complete on its channel, as brokers write them, appended to `events` as a
+    `Delivery`, decoded in place (no frame payload copied but the properties and the body). Returns how
+    many bytes were taken.
+
+    Only a delivery this path is sure of is taken here: at anything else (another frame, a content in
+    pieces, a frame over frame_max, a bad frame-end octet, a truncated method) it stops, and the frame path
+    (`FrameReader` and `EventParser._frame`) takes over and raises the errors. Hand-written for speed:
+    bench/codec_hot_paths.py (deliver decode, 100 B) read 430,000 deliveries/s through frames and 545,000/s
+    here, in one session. Called with no content pending on any channel."""
+    size = len(buf)
+    pos = 0
+    unpack = FRAME_HEAD.unpack_from
+    body_size_at = CONTENT_HEAD.unpack_from
+    tag_bits = _TAG_BITS.unpack_from
+    names = methods.NAMES
+    name = methods.name
+    deliver = methods.DELIVER
+    append = events.append
+    limit = frame_max - 8 if frame_max else size
+    while size - pos >= 8:
+        ftype, ch, length = unpack(buf, pos)
+        end = pos + 7 + length                      # the method frame's frame-end octet
+        if (ftype != FRAME_METHOD or length > limit or end >= size or buf[end] != FRAME_END
+                or buf[pos + 7:pos + 11] != deliver):
+            break
+        h = end + 1                                 # the content header frame
+        if size - h < 8:
+            break
+        htype, hch, hlength = unpack(buf, h)
+        hend = h + 7 + hlength
+        if (htype != FRAME_HEADER or hch != ch or hlength < 14 or hlength > limit or hend >= size
+                or buf[hend] != FRAME_END):
+            break
+        body_size = body_size_at(buf, h + 7)[2]
+        if body_size:
+            b = hend + 1                            # the body frame
+            if size - b < 8:
+                break
+            btype, bch, blength = unpack(buf, b)
+            after = b + 8 + blength
+            if (btype != FRAME_BODY or bch != ch or blength != body_size or blength > limit or after > size
+                    or buf[after - 1] != FRAME_END):
+                break
+            body = buf[b + 7:after - 1]
+        else:
+            body = b""
+            after = hend + 1
+        # basic.deliver's arguments: consumer-tag, delivery-tag, redelivered, exchange, routing-key
+        o = pos + 12 + buf[pos + 11]
+        if o + 10 > end:
+            break
+        tag, bits = tag_bits(buf, o)
+        x = o + 10 + buf[o + 9]
+        if x >= end:
+            break
+        r = x + 1 + buf[x]
+        if r > end:
+            break
+        raw = buf[pos + 12:o]
+        consumer_tag = names.get(raw) or name(raw)
+        raw = buf[o + 10:x]
+        exchange = names.get(raw) or name(raw)
+        raw = buf[x + 1:r]
+        msg = Delivery(ch, consumer_tag, tag, bool(bits & 1), exchange, names.get(raw) or name(raw))
+        props = buf[h + 19:hend]
+        if props != EMPTY_PROPERTIES:
+            msg.properties_raw = props
+        msg.body = body
+        append(msg)
+        pos = after
+    return pos

@@ -24,10 +24,6 @@ FRAME_HEARTBEAT = 8
 FRAME_END = 0xCE
 FRAME_END_BYTE = b"\xce"
 FRAME_OVERHEAD = 8           # 7 bytes of frame header + the frame-end octet
-# A pseudo frame type `FrameReader.frames` yields for a whole content (method + header + one body frame)
-# it found complete in its buffer; never on the wire.
-WHOLE_CONTENT = 0x100
-
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
 FRAME_HEAD = struct.Struct(">BHI")
@@ -39,19 +35,15 @@ BASIC_CLASS = 60
 class FrameReader:
     """Splits a byte stream into frames (sans-I/O: `feed` bytes, then iterate `frames()`).
 
-    `whole_content` is a set of 4-byte method prefixes (class-id + method-id): when a method frame with one
-    of them is followed in the buffer by its complete header frame and single body frame (or no body) on
-    the same channel, as brokers and clients write them, the three come out as one
-    `(WHOLE_CONTENT, channel, (method payload, header payload, body))` instead of three frames: the
-    consumer's hot path (measured in bench/codec_hot_paths.py). Anything else comes frame by frame.
+    `buffer` holds what is not yet taken; a caller may take whole frames off its front itself (the client
+    takes whole deliveries there: `spark_amqp.client.events`) before iterating the rest.
     """
 
-    __slots__ = ("buffer", "frame_max", "whole_content")
+    __slots__ = ("buffer", "frame_max")
 
-    def __init__(self, frame_max: int, whole_content: frozenset = frozenset()):
+    def __init__(self, frame_max: int):
         self.buffer = b""     # bytes, not bytearray: slicing bytes copies a payload once, not twice
         self.frame_max = frame_max
-        self.whole_content = whole_content
 
     def feed(self, data: bytes) -> None:
         self.buffer = self.buffer + data if self.buffer else bytes(data)
@@ -63,7 +55,6 @@ class FrameReader:
         pos = 0
         unpack = FRAME_HEAD.unpack_from
         frame_max = self.frame_max
-        whole = self.whole_content
         try:
             while size - pos >= 8:
                 ftype, channel, length = unpack(buf, pos)
@@ -78,45 +69,11 @@ class FrameReader:
                     raise replies.connection_error(
                         replies.FRAME_ERROR, f"invalid frame end byte {buf[end]:#x}")
                 start = pos
-                if whole and ftype == FRAME_METHOD and buf[pos + 7:pos + 11] in whole:
-                    after = _whole_content(buf, channel, end, size, frame_max)
-                    if after:
-                        h = end + 1
-                        hend = h + 7 + unpack(buf, h)[2]
-                        body = buf[hend + 8:after - 1] if after > hend + 1 else b""
-                        pos = after     # consumed before it is handed over: a caller may stop here
-                        yield WHOLE_CONTENT, channel, (buf[start + 7:end], buf[h + 7:hend], body)
-                        continue
                 pos = end + 1
                 yield ftype, channel, buf[start + 7:end]
         finally:
             if pos:
                 self.buffer = buf[pos:]
-
-
-def _whole_content(buf: bytes, channel: int, end: int, size: int, frame_max: int) -> int:
-    """Where the content after the method frame ending at `end` ends, if its header and its single body
-    frame (or no body) are complete in `buf` on the same channel; else 0 (take the frames one by one)."""
-    h = end + 1
-    if size - h < 8:
-        return 0
-    htype, hch, hsize = FRAME_HEAD.unpack_from(buf, h)
-    hend = h + 7 + hsize
-    if (htype != FRAME_HEADER or hch != channel or hsize < 14 or hend >= size or buf[hend] != FRAME_END
-            or (frame_max and hsize + FRAME_OVERHEAD > frame_max)):
-        return 0
-    body_size = CONTENT_HEAD.unpack_from(buf, h + 7)[2]
-    if not body_size:
-        return hend + 1
-    b = hend + 1
-    if size - b < 8:
-        return 0
-    btype, bch, bsize = FRAME_HEAD.unpack_from(buf, b)
-    bend = b + 7 + bsize
-    if (btype != FRAME_BODY or bch != channel or bsize != body_size or bend >= size or buf[bend] != FRAME_END
-            or (frame_max and bsize + FRAME_OVERHEAD > frame_max)):
-        return 0
-    return bend + 1
 
 
 def method_frame(channel: int, method) -> bytes:

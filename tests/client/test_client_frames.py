@@ -152,3 +152,94 @@ def test_parser_byte_by_byte():
 def test_parser_rejects_malformed(bad, message):
     with pytest.raises(ProtocolError, match=message):
         EventParser(frame_max=4096).feed(bad)
+
+
+# --- the consume hot path (whole deliveries taken off the buffer) against the frame path ---------------
+
+def outcome(pieces) -> list | str:
+    """What a fresh parser makes of `pieces` fed in turn: its events as plain values, or its error's text.
+    Fed one byte at a time, a parser never holds a whole delivery, so every frame takes the frame path:
+    the reference the hot path must agree with."""
+    parser, events = EventParser(frame_max=4096), []
+    try:
+        for piece in pieces:
+            events += parser.feed(piece)
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+    return [values(e) for e in events]
+
+
+def values(event) -> tuple:
+    if isinstance(event, Delivery):
+        return (type(event).__name__, event.channel, event.consumer_tag, event.delivery_tag, event.redelivered,
+                event.exchange, event.routing_key, event.message_count, event.properties_raw, event.body)
+    if isinstance(event, Confirm):
+        return ("Confirm", event.channel, event.delivery_tag, event.multiple, event.ack)
+    if isinstance(event, tuple):
+        return (event[0], event[1].name, dict(event[1]))
+    return (event,)
+
+
+def byte_by_byte(data: bytes) -> list:
+    return [data[i:i + 1] for i in range(len(data))]
+
+
+def test_parser_split_anywhere():
+    """Cut once at every offset (TCP may cut anywhere): the hot path hands over to the frame path and back."""
+    data = stream()
+    for cut in range(1, len(data)):
+        parser = EventParser(frame_max=4096)
+        check_events(parser.feed(data[:cut]) + parser.feed(data[cut:]))
+
+
+@pytest.mark.parametrize("size", [0, 1, 100, 4088])
+def test_whole_deliveries_match_the_frame_path(size):
+    body = bytes(range(256)) * (size // 256) + b"b" * (size % 256)
+    data = b"".join(content(5, C.Basic.Deliver("ctag", tag, tag == 2, "ex", "rk"), body, frame_max=4096,
+                            props=PROPS if tag == 1 else C.Basic.Properties())
+                    for tag in (1, 2, 3))
+    got = outcome([data])
+    assert got == outcome(byte_by_byte(data))
+    assert [g[3:5] for g in got] == [(1, False), (2, True), (3, False)]
+    assert {g[9] for g in got} == {body}
+    assert got[0][8] == PROPS.marshal() and got[1][8] == b"\x00\x00"
+
+
+def deliver(channel: int = 1, tag: int = 1) -> bytes:
+    return pframe.marshal(C.Basic.Deliver("c", tag, False, "", "q"), channel)
+
+
+def frame(ftype: int, channel: int, payload: bytes, end: bytes = b"\xce") -> bytes:
+    return bytes([ftype]) + channel.to_bytes(2, "big") + len(payload).to_bytes(4, "big") + payload + end
+
+
+HEADER = pheader.ContentHeader(0, 3, C.Basic.Properties()).marshal()     # a content header payload
+IRREGULAR = {
+    "header on another channel": deliver() + frame(2, 2, HEADER) + frame(3, 1, b"abc"),
+    "body on another channel": deliver() + frame(2, 1, HEADER) + frame(3, 2, b"abc"),
+    "body shorter than body-size": deliver() + frame(2, 1, HEADER) + frame(3, 1, b"ab"),
+    "body longer than body-size": deliver() + frame(2, 1, HEADER) + frame(3, 1, b"abcd"),
+    "body frame is a method": deliver() + frame(2, 1, HEADER) + pframe.marshal(C.Basic.Ack(1, False), 1),
+    "no header": deliver() + pframe.marshal(C.Basic.Ack(1, False), 1),
+    "short header": deliver() + frame(2, 1, HEADER[:13]) + frame(3, 1, b"abc"),
+    "bad frame end in the body": deliver() + frame(2, 1, HEADER) + frame(3, 1, b"abc", end=b"\x00"),
+    "bad frame end in the header": deliver() + frame(2, 1, HEADER, end=b"\x00") + frame(3, 1, b"abc"),
+    "body over frame_max": deliver() + frame(2, 1, pheader.ContentHeader(0, 5000, C.Basic.Properties())
+                                             .marshal()) + frame(3, 1, b"x" * 5000),
+    "truncated deliver": frame(1, 1, deliver()[7:-3]) + frame(2, 1, HEADER) + frame(3, 1, b"abc"),
+    "header over frame_max": deliver() + frame(2, 1, HEADER + bytes(4100)) + frame(3, 1, b"abc"),
+    "routing key cut short": frame(1, 1, deliver()[7:-2]) + frame(2, 1, HEADER) + frame(3, 1, b"abc"),
+    "deliver over frame_max": frame(1, 1, deliver()[7:-1] + bytes(4100)) + frame(2, 1, HEADER) + frame(3, 1, b"abc"),
+    "deliver without arguments": frame(1, 1, deliver()[7:11]) + frame(2, 1, HEADER) + frame(3, 1, b"abc"),
+    "consumer tag not UTF-8": frame(1, 1, deliver()[7:12] + b"\xff" + deliver()[13:-1]) + frame(2, 1, HEADER)
+    + frame(3, 1, b"abc"),
+    "two bodies on one channel": deliver() + frame(2, 1, HEADER) + frame(3, 1, b"abc") + frame(3, 1, b"d"),
+}
+
+
+@pytest.mark.parametrize("case", IRREGULAR)
+def test_the_hot_path_leaves_the_irregular_to_the_frame_path(case):
+    """Whatever the hot path does not take whole (irregular or malformed), after a regular delivery that it
+    does take, comes out exactly as from the frame path: the same events, or the same error."""
+    data = content(1, C.Basic.Deliver("c", 7, False, "", "q"), b"ok", frame_max=4096) + IRREGULAR[case]
+    assert outcome([data]) == outcome(byte_by_byte(data))

@@ -21,11 +21,9 @@ from spark_amqp.codec.frames import (
     FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
-    WHOLE_CONTENT,
     FrameReader,
 )
 
-DELIVER_ONLY = frozenset((methods.DELIVER,))
 FRAME_MAXES = (4096, 131072)
 
 
@@ -135,92 +133,16 @@ def test_payloads_are_bytes():
     assert type(payload) is bytes
 
 
-# --- whole content ------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("frame_max", FRAME_MAXES)
-@pytest.mark.parametrize("size", [0, 1, 100, "max"])
-def test_whole_content_in_one_buffer(frame_max, size):
-    size = frame_max - 8 if size == "max" else size
-    body = b"q" * size
-    props = properties.encode({"message_id": "m", "headers": {"a": 1}})
-    data, expected = deliver_message(5, body, frame_max, tag=9, props=props)
-    got = read_all(FrameReader(frame_max, DELIVER_ONLY), data)
-    assert got == [(WHOLE_CONTENT, 5, (expected[0][2], expected[1][2], body))]
-    method, header, got_body = got[0][2]
-    assert methods.decode_deliver(method) == ("ctag", 9, False, "ex", "rk")
-    assert frames.decode_content_header(header) == (60, size)
-    assert header[12:] == props
-    assert got_body == body
-    # and without whole_content: the same stream frame by frame
-    assert read_all(FrameReader(frame_max), data) == expected
-
-
-def test_whole_content_back_to_back_and_mixed():
-    a, _ = deliver_message(1, b"A" * 10, 4096, tag=1)
-    b, b_frames = deliver_message(2, b"B" * 5000, 4096, tag=2)       # two body frames: frame by frame
-    c, _ = deliver_message(1, b"", 4096, tag=3)
-    ack = methods.encode_ack(1, 3, False)
-    got = read_all(FrameReader(4096, DELIVER_ONLY), a + b + ack + c)
-    assert [f[0] for f in got] == [WHOLE_CONTENT] + [f[0] for f in b_frames] + [FRAME_METHOD, WHOLE_CONTENT]
-    assert got[0][2][2] == b"A" * 10
-    assert got[1:5] == b_frames
-    assert got[6][2][2] == b""
-
-
-def test_whole_content_split_across_feeds_comes_frame_by_frame():
-    data, expected = deliver_message(5, b"body", 4096)
-    method_end = len(expected[0][2]) + 8
-    reader = FrameReader(4096, DELIVER_ONLY)
-    got = read_in_pieces(reader, data, [method_end, len(data)])
-    assert got == expected
-    # cut inside the body frame: the method and header come out before the body arrives
-    for cut in range(method_end + 1, len(data)):
-        reader = FrameReader(4096, DELIVER_ONLY)
-        got = read_in_pieces(reader, data, [cut, len(data)])
-        assert got == expected, cut
-    # byte by byte: never whole
-    assert read_in_pieces(FrameReader(4096, DELIVER_ONLY), data, [1] * len(data)) == expected
-
-
-def test_whole_content_only_for_the_listed_methods():
-    header = frames.content_header(3, b"\0\0")
-    get_ok = frames.method_frame(1, methods.unchecked(commands.Basic.GetOk, delivery_tag=1, exchange="",
-                                                      routing_key="q", message_count=0))
-    data = get_ok + b"".join(frames.content_frames(1, header, b"abc", 4096))
-    assert [f[0] for f in read_all(FrameReader(4096, DELIVER_ONLY), data)] == [FRAME_METHOD, FRAME_HEADER,
-                                                                                FRAME_BODY]
-    got = read_all(FrameReader(4096, frozenset((methods.GET_OK,))), data)
-    assert got == [(WHOLE_CONTENT, 1, (get_ok[7:-1], header, b"abc"))]
-
-
-def test_whole_content_not_for_mismatched_frames():
-    method = methods.encode_deliver(1, ss("c"), 1, False, ss(""), ss("q"))
-    header = frames.content_header(3, b"\0\0")
-    cases = {
-        "header on another channel": method + frame(FRAME_HEADER, 2, header) + frame(FRAME_BODY, 1, b"abc"),
-        "body on another channel": method + frame(FRAME_HEADER, 1, header) + frame(FRAME_BODY, 2, b"abc"),
-        "body shorter than body-size": method + frame(FRAME_HEADER, 1, header) + frame(FRAME_BODY, 1, b"ab"),
-        "body frame is a method": method + frame(FRAME_HEADER, 1, header) + methods.encode_ack(1, 1, False),
-        "no header": method + methods.encode_ack(1, 1, False),
-        "short header": method + frame(FRAME_HEADER, 1, header[:13]) + frame(FRAME_BODY, 1, b"abc"),
-    }
-    for name, data in cases.items():
-        got = read_all(FrameReader(4096, DELIVER_ONLY), data)
-        assert WHOLE_CONTENT not in [f[0] for f in got], name
-        assert got == read_all(FrameReader(4096), data), name
-
-
 # --- frame errors ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("frame_max", FRAME_MAXES)
-@pytest.mark.parametrize("whole", [frozenset(), DELIVER_ONLY], ids=["plain", "whole_content"])
-def test_frame_over_frame_max(frame_max, whole):
+def test_frame_over_frame_max(frame_max):
     ok = frame(FRAME_BODY, 1, b"x" * (frame_max - 8))
-    assert read_all(FrameReader(frame_max, whole), ok) == [(FRAME_BODY, 1, b"x" * (frame_max - 8))]
+    assert read_all(FrameReader(frame_max), ok) == [(FRAME_BODY, 1, b"x" * (frame_max - 8))]
     too_big = frame(FRAME_BODY, 1, b"x" * (frame_max - 7))
     # refused as soon as the frame's head is in, before its payload arrives
     for data in (too_big, too_big[:8]):
-        reader = FrameReader(frame_max, whole)
+        reader = FrameReader(frame_max)
         reader.feed(data)
         with pytest.raises(replies.AMQPError) as info:
             list(reader.frames())
@@ -246,43 +168,14 @@ def test_frame_max_zero_means_no_limit():
     assert read_all(FrameReader(0), big) == [(FRAME_BODY, 1, b"x" * 300_000)]
 
 
-@pytest.mark.parametrize("whole", [frozenset(), DELIVER_ONLY], ids=["plain", "whole_content"])
 @pytest.mark.parametrize("end", [b"\x00", b"\xcd", b"\xff"])
-def test_bad_frame_end(end, whole):
-    reader = FrameReader(4096, whole)
+def test_bad_frame_end(end):
+    reader = FrameReader(4096)
     reader.feed(frame(FRAME_METHOD, 1, methods.encode_ack(1, 1, False)[7:-1], end=end))
     with pytest.raises(replies.AMQPError) as info:
         list(reader.frames())
     assert info.value.code == replies.FRAME_ERROR and info.value.hard
     assert "frame end" in info.value.text and f"{end[0]:#x}" in info.value.text
-
-
-def test_bad_frame_end_in_the_body_of_a_whole_content():
-    """A content whose body frame ends badly is not taken whole; the body frame itself is then refused."""
-    data, expected = deliver_message(1, b"abc", 4096)
-    reader = FrameReader(4096, DELIVER_ONLY)
-    reader.feed(data[:-1] + b"\x00")
-    got = []
-    with pytest.raises(replies.AMQPError) as info:
-        for f in reader.frames():
-            got.append(f)  # noqa: PERF402 - the frames before the error, collected one by one
-    assert got == expected[:2]
-    assert info.value.code == 501
-
-
-def test_whole_content_body_over_frame_max_is_frame_error():
-    method = methods.encode_deliver(1, ss("c"), 1, False, ss(""), ss("q"))
-    body = b"x" * 5000
-    data = method + frame(FRAME_HEADER, 1, frames.content_header(len(body), b"\0\0")) + frame(FRAME_BODY, 1, body)
-    reader = FrameReader(4096)
-    reader.feed(data)
-    with pytest.raises(replies.AMQPError):
-        list(reader.frames())          # frame by frame: refused
-    reader = FrameReader(4096, DELIVER_ONLY)
-    reader.feed(data)
-    with pytest.raises(replies.AMQPError) as info:
-        list(reader.frames())          # whole content: should be refused the same way
-    assert info.value.code == 501
 
 
 def test_frames_already_yielded_are_not_repeated_after_stopping_early():
