@@ -139,9 +139,13 @@ class EventParser:
                 taken = _whole_deliveries(reader.buffer, reader.frame_max, events)
                 if taken:
                     reader.buffer = reader.buffer[taken:]
-            for ftype, ch, payload in reader.frames():
+            frames = reader.frames()
+            for ftype, ch, payload in frames:
                 if self._frame(ftype, ch, payload, events):
-                    break      # a content that came in pieces is complete: whole deliveries may follow
+                    # A content that came in pieces is complete: whole deliveries may follow. Closing the
+                    # generator leaves the frames after this one in reader.buffer.
+                    frames.close()
+                    break
             else:
                 return events
 
