@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -256,6 +257,8 @@ def main(argv=None) -> int:
                    help="seconds the 'batched' drain pauses per batch, standing for Spark's cycle (default 0.3: "
                         "addBatch plus commit in the source's runs)")
     args = p.parse_args(argv)
+    # A benchmark stopped with `kill` must still stop its embedded broker and Spark (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cases = parse_cases(args.cases)
 
     spark, proc, embedded, targets = start_targets(args)
