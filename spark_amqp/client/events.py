@@ -10,17 +10,14 @@ channel but may interleave across channels).
 
 from __future__ import annotations
 
-import struct
-
 from pamqp import commands
 
 from ..codec import methods, properties, replies
 from ..codec.frames import (CONTENT_HEAD, FRAME_BODY, FRAME_END, FRAME_HEAD, FRAME_HEADER, FRAME_HEARTBEAT,
-                            FRAME_METHOD, FrameReader, decode_content_header)
+                            FRAME_METHOD, FRAME_OVERHEAD, FrameReader, decode_content_header)
 from .errors import ProtocolError
 
 EMPTY_PROPERTIES = properties.EMPTY
-_TAG_BITS = struct.Struct(">QB")
 
 
 class Delivery:
@@ -223,12 +220,12 @@ def _whole_deliveries(buf: bytes, frame_max: int, events: list) -> int:
     pos = 0
     unpack = FRAME_HEAD.unpack_from
     body_size_at = CONTENT_HEAD.unpack_from
-    tag_bits = _TAG_BITS.unpack_from
+    tag_bits = methods.TAG_BITS.unpack_from
     names = methods.NAMES
     name = methods.name
     deliver = methods.DELIVER
     append = events.append
-    limit = frame_max - 8 if frame_max else size
+    limit = frame_max - FRAME_OVERHEAD if frame_max else size     # the largest payload allowed
     while size - pos >= 8:
         ftype, ch, length = unpack(buf, pos)
         end = pos + 7 + length                      # the method frame's frame-end octet

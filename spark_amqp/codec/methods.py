@@ -34,7 +34,7 @@ from .frames import (CONTENT_HEAD as _CONTENT_HEAD, FRAME_BODY, FRAME_END_BYTE, 
                      FRAME_METHOD, content_frames, content_header)
 
 _CLASS_METHOD = struct.Struct(">HH")
-_TAG_BITS = struct.Struct(">QB")
+TAG_BITS = struct.Struct(">QB")     # delivery-tag longlong + the bits octet after it (read by client/events.py too)
 _SHORT = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _ACK_FRAME = struct.Struct(">BHI4sQB")
@@ -242,7 +242,7 @@ def encode_deliver(channel: int, consumer_tag: bytes, delivery_tag: int, redeliv
                    exchange: bytes, routing_key: bytes) -> bytes:
     """basic.deliver (spec 1.8.3.9): consumer-tag shortstr, delivery-tag longlong, redelivered bit,
     exchange shortstr, routing-key shortstr; the names are shortstrs already."""
-    args = b"".join((DELIVER, consumer_tag, _TAG_BITS.pack(delivery_tag, 1 if redelivered else 0),
+    args = b"".join((DELIVER, consumer_tag, TAG_BITS.pack(delivery_tag, 1 if redelivered else 0),
                      exchange, routing_key))
     return FRAME_HEAD.pack(FRAME_METHOD, channel, len(args)) + args + FRAME_END_BYTE
 
@@ -256,7 +256,7 @@ def decode_deliver(p: bytes) -> tuple[str, int, bool, str, str]:
         o = 5 + p[4]
         raw = p[5:o]
         consumer_tag = names.get(raw) or name(raw)
-        tag, bits = _TAG_BITS.unpack_from(p, o)
+        tag, bits = TAG_BITS.unpack_from(p, o)
         o += 9
         e = o + 1 + p[o]
         raw = p[o + 1:e]
@@ -273,7 +273,7 @@ def decode_deliver(p: bytes) -> tuple[str, int, bool, str, str]:
 
 def decode_get_ok(payload: bytes) -> tuple[int, bool, str, str, int]:
     """(delivery_tag, redelivered, exchange, routing_key, message_count) of basic.get-ok (1.8.3.11)."""
-    tag, bits = _TAG_BITS.unpack_from(payload, 4)
+    tag, bits = TAG_BITS.unpack_from(payload, 4)
     exchange, o = _shortstr_at(payload, 13)
     routing_key, o = _shortstr_at(payload, o)
     return tag, bool(bits & 1), exchange, routing_key, int.from_bytes(payload[o:o + 4], "big")
@@ -305,13 +305,13 @@ def decode_ack(payload: bytes) -> tuple[int, bool]:
     """(delivery_tag, multiple) of a basic.ack or basic.nack payload (nack's requeue: `decode_nack`)."""
     if len(payload) < 13:
         raise replies.connection_error(replies.SYNTAX_ERROR, "basic.ack is truncated")
-    tag, bits = _TAG_BITS.unpack_from(payload, 4)
+    tag, bits = TAG_BITS.unpack_from(payload, 4)
     return tag, bool(bits & 1)
 
 
 def decode_nack(payload: bytes) -> tuple[int, bool, bool]:
     """(delivery_tag, multiple, requeue) of a basic.nack payload."""
-    tag, bits = _TAG_BITS.unpack_from(payload, 4)
+    tag, bits = TAG_BITS.unpack_from(payload, 4)
     return tag, bool(bits & 1), bool(bits & 2)
 
 
