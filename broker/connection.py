@@ -91,12 +91,10 @@ class Connection:
         self.core.dirty.add(self)
 
     def write_delivery(self, channel: int, ctag: bytes, tag: int, m) -> None:
-        frame = methods.encode_deliver(channel, ctag, tag, m.redelivered, methods.name_shortstr(m.exchange),
-                                   methods.name_shortstr(m.routing_key))
-        parts = frames.content_frames(channel, m.header, m.body, self.frame_max)
-        parts.insert(0, frame)
+        parts = methods.deliver_frames(channel, ctag, tag, m.redelivered, methods.name_shortstr(m.exchange),
+                                       methods.name_shortstr(m.routing_key), m.header, m.body, self.frame_max)
         self.out += parts
-        self.out_bytes += len(frame) + len(m.header) + len(m.body) + 16
+        self.out_bytes += sum(map(len, parts))
         self.core.dirty.add(self)
 
     def write_content(self, channel: int, m) -> None:

@@ -48,6 +48,32 @@ def test_qos_prefetch_count_limits_unacked_deliveries(env):
     assert queue_counts(env.url, q) == (0, 1)
 
 
+def test_ack_multiple_frees_the_prefetch_of_each_consumer_it_settles(env):
+    """Two consumers on one channel, each with its own prefetch of 2 (qos before both consumes): one
+    basic.ack(multiple) that settles two deliveries of one consumer and one of the other lets exactly that
+    many more flow to each."""
+    q, conn, ch = env.queue_and_channel(bodies(10))
+    ch.basic_qos(prefetch_count=2)
+    got = Collector()
+    ch.basic_consume(q, got, consumer_tag="c1")
+    ch.basic_consume(q, got, consumer_tag="c2")
+    pump(conn, lambda: len(got) >= 4)
+    settle(conn)
+    first = got.items[:]
+    assert sorted(i[0] for i in first) == ["c1", "c1", "c2", "c2"]
+    # ack through the third delivery: it settles two of one consumer's deliveries and one of the other's
+    through = sorted(first, key=lambda i: i[1])[2]
+    settled = [i[0] for i in first if i[1] <= through[1]]
+    ch.basic_ack(through[1], multiple=True)
+    pump(conn, lambda: len(got) >= 7)
+    settle(conn)
+    per_consumer = {tag: sum(1 for i in got.items if i[0] == tag) for tag in ("c1", "c2")}
+    assert len(got) == 7
+    assert per_consumer == {tag: 2 + settled.count(tag) for tag in ("c1", "c2")}
+    ch.basic_ack(0, multiple=True)
+    pika_sync(ch)
+
+
 def test_qos_prefetch_with_py_amqp(env):
     q, conn, ch = env.queue_and_channel(bodies(4), client="amqp")
     ch.basic_qos(0, 1, False)

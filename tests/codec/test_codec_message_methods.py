@@ -276,3 +276,28 @@ def test_publish_message(channel, frame_max, size, props):
     assert got[1][2][12:] == prop_bytes
     assert b"".join(f[2] for f in got[2:]) == body
     assert {len(f[2]) for f in got[2:-1]} <= {chunk}
+
+
+# --- a whole delivery (the broker's per-message path) ---------------------------------------------------
+
+@pytest.mark.parametrize("props", sorted(PROPERTY_SETS))
+@pytest.mark.parametrize("frame_max,size", [(fm, n) for fm in FRAME_MAXES for n in body_sizes(fm)],
+                         ids=[f"fm{fm}-body{n}" for fm in FRAME_MAXES for n in body_sizes(fm)])
+@pytest.mark.parametrize("channel,delivery_tag,redelivered", [(1, 1, False), (65535, 2**64 - 1, True)])
+def test_deliver_frames(channel, delivery_tag, redelivered, frame_max, size, props):
+    body = bytes(i % 251 for i in range(size))
+    header = frames.content_header(size, properties.encode(PROPERTY_SETS[props]))
+    parts = methods.deliver_frames(channel, ss("amq.ctag-é"), delivery_tag, redelivered, ss("amq.direct"),
+                                   ss("rk.é"), header, body, frame_max)
+
+    chunk = frame_max - 8
+    reference = [
+        pamqp_frame_with_tag(commands.Basic.Deliver, channel, delivery_tag, consumer_tag="amq.ctag-é",
+                             redelivered=redelivered, exchange="amq.direct", routing_key="rk.é"),
+        pamqp_frame.marshal(pamqp_header.ContentHeader(0, size, pamqp_properties(PROPERTY_SETS[props])),
+                            channel),
+    ] + [pamqp_frame.marshal(pamqp_body.ContentBody(body[i:i + chunk]), channel)
+         for i in range(0, size, chunk)]
+    assert b"".join(parts) == b"".join(reference)
+    # one part for a body that fits one frame (one write, no list to grow), else one per frame part
+    assert len(parts) == 1 if 0 < size <= chunk else len(parts) > 1
