@@ -35,24 +35,37 @@ BASIC_CLASS = 60
 class FrameReader:
     """Splits a byte stream into frames (sans-I/O: `feed` bytes, then iterate `frames()`).
 
-    `buffer` holds what is not yet taken; a caller may take whole frames off its front itself (the client
-    takes whole deliveries there: `spark_amqp.client.events`) before iterating the rest.
+    `data[pos:]` is what is not yet taken; a caller may take whole frames off its front itself, moving `pos`
+    (the client takes whole deliveries there: `spark_amqp.client.events`), before iterating the rest. What is
+    taken stays in `data` until the next `feed`: moving an offset instead of cutting the bytes saves a copy of
+    the rest of a received chunk each time the taker changes (the client's reader thread spent 6% of its
+    samples in that copy with 4 KB messages, py-spy).
     """
 
-    __slots__ = ("buffer", "frame_max")
+    __slots__ = ("data", "pos", "frame_max")
 
     def __init__(self, frame_max: int):
-        self.buffer = b""     # bytes, not bytearray: slicing bytes copies a payload once, not twice
+        self.data = b""       # bytes, not bytearray: slicing bytes copies a payload once, not twice
+        self.pos = 0
         self.frame_max = frame_max
 
+    @property
+    def buffer(self) -> bytes:
+        """The bytes not yet taken (a copy)."""
+        return self.data[self.pos:]
+
     def feed(self, data: bytes) -> None:
-        self.buffer = self.buffer + data if self.buffer else bytes(data)
+        if self.pos < len(self.data):
+            self.data = self.data[self.pos:] + data
+        else:
+            self.data = bytes(data)
+        self.pos = 0
 
     def frames(self):
         """Yield (type, channel, payload) for each complete frame buffered; keep a partial one."""
-        buf = self.buffer
+        buf = self.data
         size = len(buf)
-        pos = 0
+        pos = self.pos
         unpack = FRAME_HEAD.unpack_from
         frame_max = self.frame_max
         try:
@@ -72,8 +85,7 @@ class FrameReader:
                 pos = end + 1
                 yield ftype, channel, buf[start + 7:end]
         finally:
-            if pos:
-                self.buffer = buf[pos:]
+            self.pos = pos
 
 
 def method_frame(channel: int, method) -> bytes:
