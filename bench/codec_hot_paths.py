@@ -11,7 +11,7 @@ delivery_mode, message_id, timestamp, two headers):
   ContentHeader(Basic.Properties) + ContentBody through `pamqp.frame.marshal`;
 * publish + content, decode (broker): `FrameReader` + `decode_publish` + `decode_content_header`
   (properties kept raw) vs `pamqp.frame.unmarshal` of each frame;
-* deliver + content, encode (broker): `encode_deliver` + `content_frames` from the raw header vs pamqp;
+* deliver + content, encode (broker): `deliver_frames` (the content header passed through raw) vs pamqp;
 * deliver + content, decode (client, source): the client's `EventParser` (whole deliveries, properties
   raw; and with `properties` decoded by pamqp, the worst case) vs pamqp objects assembled into messages;
 * basic.ack, encode and decode (a consumer's acks, a broker's confirms).
@@ -158,8 +158,7 @@ def deliver_encode_fast(n: int, size: int) -> tuple[int, bytes]:
     ctag = methods.shortstr("amq.ctag-bench")
     parts = []
     for i in range(n):
-        parts.append(methods.encode_deliver(1, ctag, i + 1, False, EX, RK))
-        parts += frames.content_frames(1, header, body, 131072)
+        parts += methods.deliver_frames(1, ctag, i + 1, False, EX, RK, header, body, 131072)
     return n, b"".join(parts)
 
 
