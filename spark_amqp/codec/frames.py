@@ -37,9 +37,9 @@ class FrameReader:
 
     `data[pos:]` is what is not yet taken; a caller may take whole frames off its front itself, moving `pos`
     (the client takes whole deliveries there: `spark_amqp.client.events`), before iterating the rest. What is
-    taken stays in `data` until the next `feed`: moving an offset instead of cutting the bytes saves a copy of
-    the rest of a received chunk each time the taker changes (the client's reader thread spent 6% of its
-    samples in that copy with 4 KB messages, py-spy).
+    taken stays in `data` until the next `feed`, or until `frames()` has taken everything: moving an offset
+    instead of cutting the bytes saves a copy of the rest of a received chunk each time the taker changes
+    (the client's reader thread spent 6% of its samples in that copy with 4 KB messages, py-spy).
     """
 
     __slots__ = ("data", "pos", "frame_max")
@@ -85,7 +85,10 @@ class FrameReader:
                 pos = end + 1
                 yield ftype, channel, buf[start + 7:end]
         finally:
-            self.pos = pos
+            if pos == size:     # all taken: let the received bytes go (a broker holds a reader per connection)
+                self.data, self.pos = b"", 0
+            else:
+                self.pos = pos
 
 
 def method_frame(channel: int, method) -> bytes:

@@ -119,6 +119,7 @@ def test_partial_frame_is_kept():
     reader.feed(second[-1:])
     assert list(reader.frames()) == [(FRAME_METHOD, 1, second[7:-1])]
     assert reader.buffer == b""
+    assert reader.data == b""      # everything taken: the received bytes are let go, not kept until the next feed
 
 
 def test_empty_payload_frame():
