@@ -48,28 +48,30 @@ def test_qos_prefetch_count_limits_unacked_deliveries(env):
     assert queue_counts(env.url, q) == (0, 1)
 
 
-def test_ack_multiple_frees_the_prefetch_of_each_consumer_it_settles(env):
-    """Two consumers on one channel, each with its own prefetch of 2 (qos before both consumes): one
-    basic.ack(multiple) that settles two deliveries of one consumer and one of the other lets exactly that
-    many more flow to each."""
-    q, conn, ch = env.queue_and_channel(bodies(10))
-    ch.basic_qos(prefetch_count=2)
+@pytest.mark.parametrize("prefetch,through", [(2, 3), (40, 71)], ids=["few", "many"])
+def test_ack_multiple_frees_the_prefetch_of_each_consumer_it_settles(env, prefetch, through):
+    """Two consumers on one channel, each with its own prefetch (qos before both consumes): one
+    basic.ack(multiple) through the `through`-th delivery, which settles an odd number, so more of one
+    consumer's deliveries than of the other's, lets exactly that many more flow to each. (The embedded
+    broker settles a few deliveries in a Python loop and many in C loops: "few" and "many".)"""
+    q, conn, ch = env.queue_and_channel(bodies(4 * prefetch))
+    ch.basic_qos(prefetch_count=prefetch)
     got = Collector()
     ch.basic_consume(q, got, consumer_tag="c1")
     ch.basic_consume(q, got, consumer_tag="c2")
-    pump(conn, lambda: len(got) >= 4)
+    pump(conn, lambda: len(got) >= 2 * prefetch)
     settle(conn)
     first = got.items[:]
-    assert sorted(i[0] for i in first) == ["c1", "c1", "c2", "c2"]
-    # ack through the third delivery: it settles two of one consumer's deliveries and one of the other's
-    through = sorted(first, key=lambda i: i[1])[2]
-    settled = [i[0] for i in first if i[1] <= through[1]]
-    ch.basic_ack(through[1], multiple=True)
-    pump(conn, lambda: len(got) >= 7)
+    assert sorted(i[0] for i in first) == ["c1"] * prefetch + ["c2"] * prefetch
+    last_tag = sorted(i[1] for i in first)[through - 1]
+    settled = [i[0] for i in first if i[1] <= last_tag]
+    assert settled.count("c1") != settled.count("c2")
+    ch.basic_ack(last_tag, multiple=True)
+    pump(conn, lambda: len(got) >= 2 * prefetch + through)
     settle(conn)
     per_consumer = {tag: sum(1 for i in got.items if i[0] == tag) for tag in ("c1", "c2")}
-    assert len(got) == 7
-    assert per_consumer == {tag: 2 + settled.count(tag) for tag in ("c1", "c2")}
+    assert len(got) == 2 * prefetch + through
+    assert per_consumer == {tag: prefetch + settled.count(tag) for tag in ("c1", "c2")}
     ch.basic_ack(0, multiple=True)
     pika_sync(ch)
 
