@@ -52,8 +52,7 @@ def test_qos_prefetch_count_limits_unacked_deliveries(env):
 def test_ack_multiple_frees_the_prefetch_of_each_consumer_it_settles(env, prefetch, through):
     """Two consumers on one channel, each with its own prefetch (qos before both consumes): one
     basic.ack(multiple) through the `through`-th delivery, which settles an odd number, so more of one
-    consumer's deliveries than of the other's, lets exactly that many more flow to each. (The embedded
-    broker settles a few deliveries in a Python loop and many in C loops: "few" and "many".)"""
+    consumer's deliveries than of the other's, lets exactly that many more flow to each."""
     q, conn, ch = env.queue_and_channel(bodies(4 * prefetch))
     ch.basic_qos(prefetch_count=prefetch)
     got = Collector()
