@@ -48,8 +48,10 @@ class Consumer:
         self.arguments = arguments
 
     def can_take(self) -> bool:
+        """Whether the queue may deliver to this consumer now: its channel is open, its connection takes
+        more output, and the prefetch limits leave room (called per message by Queue.dispatch)."""
         ch = self.channel
-        if not ch.can_deliver():
+        if ch.state is not OPEN or not ch.conn.writable():
             return False
         if self.no_ack:
             return True
@@ -86,9 +88,6 @@ class Channel:
         self.tx_ops: list[tuple] = []
 
     # --- delivery (called by queues) -----------------------------------------------------------
-
-    def can_deliver(self) -> bool:
-        return self.state is OPEN and self.conn.writable()
 
     def deliver(self, consumer: Consumer, queue, m: Message) -> None:
         tag = self.next_tag

@@ -255,6 +255,22 @@ def test_max_length_bytes_counts_body_only(env):
     assert drain(ch, q) == [b"aaaa", b"bbbb"]
 
 
+def test_max_length_bytes_counts_only_what_is_still_ready_after_a_consumer_took_some(env):
+    """Bytes delivered to a consumer no longer count toward x-max-length-bytes (the broker settles a
+    queue's ready bytes once per dispatch, not per message)."""
+    q = env.queue(arguments={"x-max-length-bytes": 10})
+    env.publish(q, [b"aaaa", b"bbbb"])
+    conn = env.pika()
+    ch = conn.channel()
+    got = Collector()
+    tag = ch.basic_consume(q, got, auto_ack=True)
+    pump(conn, lambda: len(got) >= 2)
+    ch.basic_cancel(tag)
+    env.publish(q, [b"cccc", b"dddd", b"eeee"])
+    assert got.bodies == [b"aaaa", b"bbbb"]
+    assert drain(env.admin(), q) == [b"dddd", b"eeee"]
+
+
 def test_max_length_and_max_length_bytes_together(env):
     q = env.queue(arguments={"x-max-length": 3, "x-max-length-bytes": 6})
     env.publish(q, [b"aa", b"bb", b"cc", b"dddd"])

@@ -712,6 +712,45 @@ def _blocked_frames(frames_: list[Frame]) -> list[str]:
     return [f.name for f in frames_ if f.name in ("Connection.Blocked", "Connection.Unblocked")]
 
 
+def test_a_consumer_is_not_given_a_message_that_expired_before_the_timer_ran():
+    """A message past its TTL at the head of the queue is dropped when a consumer would take it, even if
+    the broker's timer has not removed it yet (RabbitMQ drops expired messages at the head as it delivers)."""
+    d = Driver()
+    c = d.connect()
+    c.handshake()
+    c.open_channel(1)
+    c.declare(1, "q", arguments={"x-message-ttl": 1000})
+    c.send(c.publish_bytes(1, "q", b"old")[0])
+    d.clock.advance(2.0)                     # past the TTL; the timer has not run
+    c.send(c.publish_bytes(1, "q", b"new")[0])
+    out = c.send(c.method(1, C.Basic.Consume(queue="q", consumer_tag="ct", no_ack=True)))
+    assert [f.payload for f in out if f.type == frames.FRAME_BODY] == [b"new"]
+
+
+def test_queued_bytes_fall_as_a_consumer_takes_the_messages():
+    """The memory alarm's count (`queued_bytes`: bodies and headers in queues) falls by what a consumer was
+    delivered, and the alarm clears at the next check."""
+    d = Driver(BrokerConfig(memory_high_watermark=1000))
+    c = d.connect()
+    c.handshake()
+    c.open_channel(1)
+    c.declare(1, "q")
+    for _ in range(3):
+        c.send(c.publish_bytes(1, "q", b"x" * 500)[0])
+    assert d.core.queued_bytes > 1500
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert d.core.alarm and _blocked_frames(c.frames()) == ["Connection.Blocked"]
+    c.rpc(1, C.Basic.Qos(prefetch_count=2), expect=C.Basic.QosOk)
+    out = c.send(c.method(1, C.Basic.Consume(queue="q", consumer_tag="ct")))
+    assert [f.name for f in out].count("Basic.Deliver") == 2
+    one_left = d.core.queued_bytes
+    assert 500 < one_left < 1000
+    c.send(c.method(1, C.Basic.Ack(delivery_tag=2, multiple=True)))
+    assert d.core.queued_bytes == 0
+    d.tick(limits.MEMORY_CHECK_INTERVAL)
+    assert not d.core.alarm
+
+
 def test_memory_alarm_is_checked_on_the_clock_not_per_message():
     """The watermark is checked every MEMORY_CHECK_INTERVAL on the broker's clock (RabbitMQ's
     vm_memory_monitor polls each second), so crossing it back and forth between two checks sends nothing,
