@@ -61,9 +61,6 @@ class Consumer:
             return False
         return True
 
-    def deliver(self, queue, m: Message) -> None:
-        self.channel.deliver(self, queue, m)
-
 
 class Channel:
     def __init__(self, conn, number: int):

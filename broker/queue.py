@@ -238,7 +238,7 @@ class Queue:
             if consumer is None:
                 self.vhost.dead_letter(self, [m], "expired")
             else:
-                consumer.deliver(self, m)
+                consumer.channel.deliver(consumer, self, m)
             return
         if ttl is not None:
             m.expires_at = now + ttl
@@ -388,7 +388,7 @@ class Queue:
         try:
             return self._dispatch(now, take_fifo, items.__len__)
         finally:
-            if freed[0] or freed[1]:
+            if freed[1]:            # bodies and headers: non-zero whenever anything was popped
                 self.ready_bytes -= freed[0]
                 self.vhost.core.account(-freed[1])
 
