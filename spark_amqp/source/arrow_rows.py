@@ -136,13 +136,35 @@ def rows_per_slice(batch: pa.RecordBatch, max_rows: int, max_body_bytes: int) ->
     of bodies (by the batch's mean body size), the slices evenly sized: each slice is one Spark task, and a
     task costs ~0.1 s however few its rows (local[2], measured), so a remainder of a few rows must not get
     a task of its own (16,384 x 4 KB under 16 MiB made four slices of 4,092 rows and one of 16)."""
-    n = batch.num_rows
-    body_bytes = batch.column(ARROW_SCHEMA.get_field_index("body")).nbytes
+    return slice_rows(batch.num_rows, batch.column(ARROW_SCHEMA.get_field_index("body")).nbytes, max_rows,
+                      max_body_bytes)
+
+
+def slice_rows(n: int, body_bytes: int, max_rows: int, max_body_bytes: int) -> int:
+    """`rows_per_slice` for `n` rows holding `body_bytes` of bodies in all (before they are a batch)."""
     most = max(1, min(max_rows, n if body_bytes <= max_body_bytes else max_body_bytes * n // body_bytes))
     if n <= most:
         return max(1, n)
     slices = math.ceil(n / most - SLICE_SLACK)     # at least 1: n > most
     return -(-n // slices)
+
+
+def in_slices(deliveries_by_queue: list[tuple[str, list]], rows: int):
+    """[(queue name, [Delivery, ...]), ...] in runs of `rows` rows (the last may be shorter), each in the
+    same form and rows in the same order: a batch's slices, built one at a time."""
+    run, left = [], rows
+    for queue, deliveries in deliveries_by_queue:
+        at = 0
+        while at < len(deliveries):
+            part = deliveries[at:at + left]
+            run.append((queue, part))
+            at += len(part)
+            left -= len(part)
+            if not left:
+                yield run
+                run, left = [], rows
+    if run:
+        yield run
 
 
 def filesystem(path: str) -> tuple[pafs.FileSystem, str, bool]:

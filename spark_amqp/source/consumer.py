@@ -72,11 +72,23 @@ class Batch:
     """Deliveries of one micro-batch, by the channel they came on."""
     seq: int
     parts: list = field(default_factory=list)
+    handed_off: bool = False    # its rows are in handoff files, and its deliveries' bodies were let go
 
     @property
     def deliveries(self) -> list:
         """[(queue name, [Delivery, ...]), ...], rows in that order."""
         return [(p.queue, p.deliveries) for p in self.parts]
+
+    def body_bytes(self) -> int:
+        return sum(len(d.body) for p in self.parts for d in p.deliveries)
+
+    def hand_off(self) -> None:
+        """The batch's rows are in handoff files: let its bodies go (the deliveries stay, for the count, the
+        acks and the backlog), so that the next batch's deliveries arrive into the memory they held."""
+        for p in self.parts:
+            for d in p.deliveries:
+                d.body = b""
+        self.handed_off = True
 
     @property
     def count(self) -> int:

@@ -76,13 +76,19 @@ class HandoffDir:
 
     def partitions(self, seq: int, record_batch: pa.RecordBatch, rows: int) -> list[FilePartition]:
         """Batch `seq` in slices of `rows` rows, one file each (written once: Spark may ask again)."""
+        return self.write(seq, (record_batch.slice(offset, rows) for offset in range(0, record_batch.num_rows, rows)))
+
+    def write(self, seq: int, slices) -> list[FilePartition]:
+        """Batch `seq`, one file per record batch of the iterable `slices`, each built only when the one
+        before is written (so that one slice at a time is in memory twice: as deliveries and as Arrow);
+        written once, as Spark may ask again. A batch already written is not asked for its slices."""
         if seq not in self.files:
             parts = []
-            for index, offset in enumerate(range(0, record_batch.num_rows, rows)):
+            for index, record_batch in enumerate(slices):
                 path = f"{self.root}/batch-{seq:020d}-{index:04d}.arrow"
                 with self.fs.open_output_stream(path) as out:
                     with pa.ipc.new_stream(out, record_batch.schema) as writer:
-                        writer.write_batch(record_batch.slice(offset, rows))
+                        writer.write_batch(record_batch)
                 parts.append(FilePartition(self.base, path))
             self.files[seq] = parts
         return self.files[seq]

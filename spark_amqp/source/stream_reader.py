@@ -179,28 +179,56 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         if batch is None and record_batch is None:
             batch = consumer.take(seq, self._batch_cap(self.options.get("maxMessagesPerTrigger")), REPLAY_WAIT)
             self._replayed(batch.count)
+        if self._handoff is None and self._probe is not None and self._probe.answered():
+            self._local_mode_found()
         if record_batch is None:
             if not batch.count:
                 return []
+            if batch.handed_off and (self._handoff is None or seq not in self._handoff.files):
+                raise RuntimeError(f"AMQP source: batch {seq} was handed off as files, and they are gone; "
+                                   "restart the query (its deliveries go back to the queue)")
+            if self._handoff is not None:
+                files = self._to_files(seq, lambda: self._handoff_deliveries(seq, batch))
+                if files is not None:
+                    return files
             record_batch = arrow_rows.to_record_batch(batch.deliveries)
         if not record_batch.num_rows:
             return []
         rows = arrow_rows.rows_per_slice(record_batch, ROWS_PER_PARTITION, PARTITION_BYTES)
-        if self._handoff is None and self._probe is not None and self._probe.answered():
-            self._local_mode_found()
         if self._handoff is not None:
-            try:
-                return self._handoff.partitions(seq, record_batch, rows)
-            except OSError as exc:
-                if not self._handoff.owned:     # the user's handoffPath: they must know
-                    raise
-                log.warning("AMQP source: cannot write batch %s under %s (%s); batches go inside Spark's "
-                            "tasks from now on", seq, self._handoff.base, exc)
-                self._handoff.close()
-                self._handoff = None
+            files = self._to_files(seq, lambda: self._handoff.partitions(seq, record_batch, rows))
+            if files is not None:
+                return files
         ticket = self._probe.ticket() if self._probe is not None else None
         return [ArrowPartition(arrow_rows.serialize(record_batch.slice(offset, rows)), ticket)
                 for offset in range(0, record_batch.num_rows, rows)]
+
+    def _handoff_deliveries(self, seq: int, batch: Batch) -> list:
+        """Driver: batch `seq`, taken from the broker, as handoff files built slice by slice; then its
+        bodies are let go (the batch stays held for its acks). While it is written this process holds its
+        bodies and one slice of them as Arrow, not the whole batch twice; while Spark runs it, only the next
+        batch's deliveries. That peak is what bounds the batch size (`maxBytesPerTrigger`) the source
+        process's memory allows, and larger batches cost Spark less per message."""
+        if seq not in self._handoff.files:
+            rows = arrow_rows.slice_rows(batch.count, batch.body_bytes(), ROWS_PER_PARTITION, PARTITION_BYTES)
+            self._handoff.write(seq, map(arrow_rows.to_record_batch, arrow_rows.in_slices(batch.deliveries, rows)))
+            batch.hand_off()
+        return self._handoff.files[seq]
+
+    def _to_files(self, seq: int, write) -> list | None:
+        """Driver: `write()` batch `seq`'s handoff files and return them; if the directory is our own
+        (handoff=auto) and a write fails, None, with a warning, and no more handoff (the user's handoffPath
+        fails the query: they must know)."""
+        try:
+            return write()
+        except OSError as exc:
+            if not self._handoff.owned:
+                raise
+            log.warning("AMQP source: cannot write batch %s under %s (%s); batches go inside Spark's "
+                        "tasks from now on", seq, self._handoff.base, exc)
+            self._handoff.close()
+            self._handoff = None
+            return None
 
     def _local_mode_found(self) -> None:
         """Driver (handoff=auto): an executor answered the probe, so every executor is this JVM; later

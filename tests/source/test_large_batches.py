@@ -13,7 +13,7 @@ import pytest
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
 from spark_amqp.options import parse
 from spark_amqp.schema import ARROW_SCHEMA
-from spark_amqp.source import arrow_rows
+from spark_amqp.source import arrow_rows, stream_reader
 from spark_amqp.source.consumer import QueueConsumer
 from waiting import wait_until
 
@@ -199,3 +199,42 @@ def test_a_batch_is_sliced_into_even_partitions_without_a_small_remainder():
     assert arrow_rows.rows_per_slice(batch(60_000, 10), 50_000, sixteen_mib) == 30_000
     assert arrow_rows.rows_per_slice(batch(2, 4096), 50_000, 1000) == 1     # bodies larger than the bound
     assert arrow_rows.rows_per_slice(batch(0, 10), 50_000, sixteen_mib) == 1
+
+
+def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodies_go(env, tmp_path, monkeypatch):
+    """The driver's side alone, called as Spark calls it (no Spark here): a batch from two queues is
+    written to handoffPath slice by slice, a slice crossing from one queue into the other; the executors'
+    `read` of the files gives every row once, in the batch's order, with its queue; asked again, the
+    driver gives the same files; the batch held for its acks no longer holds the bodies; its commit acks
+    everything and removes the files."""
+    monkeypatch.setattr(stream_reader, "ROWS_PER_PARTITION", 400)   # 900 rows: three slices of 300
+    first, second = env.queue("slices-a"), env.queue("slices-b")
+    env.publish(first, [f"a{i:03d}" for i in range(500)])
+    env.publish(second, [f"b{i:03d}" for i in range(400)])
+    handoff = tmp_path / "handoff"
+    reader = stream_reader.QueueStreamReader(parse(
+        {"uri": env.url, "queue": f"{first},{second}", "handoffPath": str(handoff), "prefetch": "5000"},
+        "source"))
+    try:
+        start = reader.initialOffset()
+        reader._session().start_consuming()
+        env.wait_state(first, (0, 500), timeout=30)
+        env.wait_state(second, (0, 400), timeout=30)
+        end = {"seq": start["seq"] + 1}
+        parts = reader.partitions(start, end)
+        assert [type(p).__name__ for p in parts] == ["FilePartition"] * 3
+        tables = [pa.Table.from_batches(list(reader.read(p))) for p in parts]
+        assert [t.num_rows for t in tables] == [300, 300, 300]
+        rows = pa.concat_tables(tables)
+        assert rows.column("body").to_pylist() == ([f"a{i:03d}".encode() for i in range(500)] +
+                                                   [f"b{i:03d}".encode() for i in range(400)])
+        assert rows.column("queue").to_pylist() == [first] * 500 + [second] * 400
+        assert [p.path for p in reader.partitions(start, end)] == [p.path for p in parts]
+        held = reader._consumer.batches[end["seq"]]
+        assert held.count == 900 and not any(d.body for _, ds in held.deliveries for d in ds)
+        reader.commit(end)
+        env.wait_state(first, (0, 0), timeout=30)
+        env.wait_state(second, (0, 0), timeout=30)
+        assert list(handoff.rglob("*.arrow")) == []
+    finally:
+        reader.stop()
