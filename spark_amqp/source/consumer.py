@@ -80,6 +80,7 @@ class Batch:
         return [(p.queue, p.deliveries) for p in self.parts]
 
     def body_bytes(self) -> int:
+        """The bodies' bytes in all (while they are held: see hand_off)."""
         return sum(len(d.body) for p in self.parts for d in p.deliveries)
 
     def hand_off(self) -> None:

@@ -76,7 +76,8 @@ class HandoffDir:
 
     def partitions(self, seq: int, record_batch: pa.RecordBatch, rows: int) -> list[FilePartition]:
         """Batch `seq` in slices of `rows` rows, one file each (written once: Spark may ask again)."""
-        return self.write(seq, (record_batch.slice(offset, rows) for offset in range(0, record_batch.num_rows, rows)))
+        return self.write(seq, (record_batch.slice(offset, rows)
+                                for offset in range(0, record_batch.num_rows, rows)))
 
     def write(self, seq: int, slices) -> list[FilePartition]:
         """Batch `seq`, one file per record batch of the iterable `slices`, each built only when the one

@@ -211,7 +211,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         process's memory allows, and larger batches cost Spark less per message."""
         if seq not in self._handoff.files:
             rows = arrow_rows.slice_rows(batch.count, batch.body_bytes(), ROWS_PER_PARTITION, PARTITION_BYTES)
-            self._handoff.write(seq, map(arrow_rows.to_record_batch, arrow_rows.in_slices(batch.deliveries, rows)))
+            slices = arrow_rows.in_slices(batch.deliveries, rows)
+            self._handoff.write(seq, map(arrow_rows.to_record_batch, slices))
             batch.hand_off()
         return self._handoff.files[seq]
 

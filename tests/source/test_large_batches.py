@@ -201,7 +201,8 @@ def test_a_batch_is_sliced_into_even_partitions_without_a_small_remainder():
     assert arrow_rows.rows_per_slice(batch(0, 10), 50_000, sixteen_mib) == 1
 
 
-def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodies_go(env, tmp_path, monkeypatch):
+def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodies_go(env, tmp_path,
+                                                                                     monkeypatch):
     """The driver's side alone, called as Spark calls it (no Spark here): a batch from two queues is
     written to handoffPath slice by slice, a slice crossing from one queue into the other; the executors'
     `read` of the files gives every row once, in the batch's order, with its queue; asked again, the
