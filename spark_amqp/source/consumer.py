@@ -64,6 +64,7 @@ class Part:
     channel: object
     deliveries: list
     last_tag: int
+    body_bytes: int = 0           # the deliveries' bodies, as take() counted them
     keys: list | None = None      # the journal's keys of `deliveries` (journalPath), set by the reader
 
 
@@ -80,8 +81,8 @@ class Batch:
         return [(p.queue, p.deliveries) for p in self.parts]
 
     def body_bytes(self) -> int:
-        """The bodies' bytes in all (while they are held: see hand_off)."""
-        return sum(len(d.body) for p in self.parts for d in p.deliveries)
+        """The bodies' bytes in all, as taken (hand_off lets the bodies themselves go)."""
+        return sum(p.body_bytes for p in self.parts)
 
     def hand_off(self) -> None:
         """The batch's rows are in handoff files: let its bodies go (the deliveries stay, for the count, the
@@ -261,7 +262,7 @@ class QueueConsumer:
                     bytes_left -= size
                     self._taken_bytes += size
                     self.taken[q.name] = self.taken.get(q.name, 0) + len(got)
-                    batch.parts.append(Part(q.name, ch, got, got[-1].delivery_tag))
+                    batch.parts.append(Part(q.name, ch, got, got[-1].delivery_tag, size))
                     remaining -= len(got)
         self.batches[seq] = batch
         self._fit_prefetch()
