@@ -282,19 +282,16 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def drop_killed_log_writes(checkpoint_dir: str) -> list[str]:
+def drop_killed_log_writes(checkpoint_dir: str) -> None:
     """After a driver was killed -9: remove the temp file of an offset or commit log write it was in the
     middle of (`offsets/.0.<uuid>.tmp`), as whoever restarts the job would. Spark ignores such files when it
     reads its logs except in one check: a query with no offset logged yet refuses to start while `offsets/`
     holds any file (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), so a driver killed inside its first offset
     write leaves a checkpoint Spark will not restart from (seen in CI on a slow machine, where a query still
-    starting was killed). Only Spark's unfinished writes go. Returns the paths removed."""
-    removed = []
+    starting was killed). Only Spark's unfinished writes go."""
     for log in ("offsets", "commits"):
         for path in Path(checkpoint_dir, log).glob(".*.tmp"):
             path.unlink()
-            removed.append(str(path))
-    return removed
 
 
 def job_batches(out: Path) -> dict[int, list[list[tuple[bytes, bool]]]]:
