@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
                       ConsumerCancelledError)
 from ..client.uri import parse_uri, redact
-from ..options import BY_KEY, connect_kwargs
+from ..options import BATCH_BYTES, BATCH_BYTES_AS_FILES, connect_kwargs
 
 log = logging.getLogger("spark_amqp.source")
 
@@ -81,20 +81,29 @@ class Batch:
         return [(p.queue, p.deliveries) for p in self.parts]
 
     def body_bytes(self) -> int:
-        """The bodies' bytes in all, as taken (hand_off lets the bodies themselves go)."""
+        """The bodies' bytes in all, as taken (a handoff lets the bodies themselves go)."""
         return sum(p.body_bytes for p in self.parts)
-
-    def hand_off(self) -> None:
-        """The batch's rows are in handoff files: let its bodies go (the deliveries stay, for the count, the
-        acks and the backlog), so that the next batch's deliveries arrive into the memory they held."""
-        for p in self.parts:
-            for d in p.deliveries:
-                d.body = b""
-        self.handed_off = True
 
     @property
     def count(self) -> int:
         return sum(len(p.deliveries) for p in self.parts)
+
+
+def let_go_bodies(deliveries_by_queue: list[tuple[str, list]]) -> None:
+    """Driver: these deliveries' rows are in a handoff file, so their bodies go (the deliveries stay, for the
+    count, the acks and the backlog), and the next deliveries arrive into the memory they held."""
+    for _, deliveries in deliveries_by_queue:
+        for d in deliveries:
+            d.body = b""
+
+
+def put_back_bodies(deliveries_by_queue: list[tuple[str, list]], bodies: list[bytes]) -> None:
+    """Driver: the bodies `let_go_bodies` let go, read back from their file, in the rows' order."""
+    at = 0
+    for _, deliveries in deliveries_by_queue:
+        for d in deliveries:
+            d.body = bodies[at]
+            at += 1
 
 
 class QueueConsumer:
@@ -109,7 +118,7 @@ class QueueConsumer:
         self.prefetch = self.default_prefetch     # lowered for large messages: _fit_prefetch
         if sized_start and not options.get("prefetch"):
             self.prefetch = min(self.default_prefetch, FIRST_PREFETCH)
-        self.batch_bytes = options.get("maxBytesPerTrigger") or BY_KEY["maxbytespertrigger"].default
+        self.batch_bytes = options.get("maxBytesPerTrigger") or BATCH_BYTES
         self.channels_per_queue = -(-self.default_prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
@@ -295,18 +304,31 @@ class QueueConsumer:
         mean = self._mean_size()
         return max_count if mean is None else max(1, min(max_count, int(self.batch_bytes // mean)))
 
-    def _fit_prefetch(self) -> None:
+    def batches_as_files(self, as_files: bool) -> None:
+        """Driver: whether the reader hands batches to the executors as files from now on (one batch's bodies
+        held at a time) or inside Spark's tasks. Without maxBytesPerTrigger, batches are then
+        BATCH_BYTES_AS_FILES or BATCH_BYTES, and the prefetch two of them once message sizes are known."""
+        batch_bytes = BATCH_BYTES_AS_FILES if as_files else BATCH_BYTES
+        if self.options.get("maxBytesPerTrigger") or self.batch_bytes == batch_bytes:
+            return
+        log.info("AMQP source: batches go %s: maxBytesPerTrigger %d by default",
+                 "as files" if as_files else "inside the tasks", batch_bytes)
+        self.batch_bytes = batch_bytes
+        self._fit_prefetch(refit=True)
+
+    def _fit_prefetch(self, refit: bool = False) -> None:
         """Driver, after each take, without the `prefetch` option: once message sizes are known, a prefetch
         that would hold far more than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the
         default 200,000) is lowered to that, and one far below it (FIRST_PREFETCH, or after messages shrank)
         raised, up to the default. RabbitMQ applies a channel's basic.qos to consumers started after it, so
         each consumer is cancelled and started again; the deliveries it already sent stay unacked on the
-        channel, acked with their batches."""
+        channel, acked with their batches. `refit`: maxBytesPerTrigger changed; fit even a prefetch within a
+        factor of two of the new one."""
         mean = self._mean_size()
         if self.options.get("prefetch") or mean is None or not self.consuming:
             return
         fitted = max(1000, min(self.default_prefetch, int(2 * self.batch_bytes // mean)))
-        if self.prefetch / 2 <= fitted <= self.prefetch * 2:
+        if fitted == self.prefetch or not refit and self.prefetch / 2 <= fitted <= self.prefetch * 2:
             return
         log.info("AMQP source: prefetch %d -> %d per queue (messages of %.0f bytes, maxBytesPerTrigger %d)",
                  self.prefetch, fitted, mean, self.batch_bytes)

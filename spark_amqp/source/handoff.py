@@ -86,13 +86,23 @@ class HandoffDir:
         if seq not in self.files:
             parts = []
             for index, record_batch in enumerate(slices):
-                path = f"{self.root}/batch-{seq:020d}-{index:04d}.arrow"
+                path = self.file_path(seq, index)
                 with self.fs.open_output_stream(path) as out:
                     with pa.ipc.new_stream(out, record_batch.schema) as writer:
                         writer.write_batch(record_batch)
                 parts.append(FilePartition(self.base, path))
             self.files[seq] = parts
         return self.files[seq]
+
+    def bodies(self, seq: int, count: int):
+        """The bodies of batch `seq`'s first `count` files, a list per file (a write that failed part way
+        puts back the bodies it let go)."""
+        for index in range(count):
+            with self.fs.open_input_stream(self.file_path(seq, index)) as source:
+                yield pa.ipc.open_stream(source).read_all().column("body").to_pylist()
+
+    def file_path(self, seq: int, index: int) -> str:
+        return f"{self.root}/batch-{seq:020d}-{index:04d}.arrow"
 
     def committed(self, seq: int) -> None:
         """Batches through `seq` are committed: their files go."""

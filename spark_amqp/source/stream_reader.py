@@ -36,7 +36,7 @@ except ImportError:   # PySpark 4.0 / 4.1
 
 from .. import gc_tuning
 from . import arrow_rows
-from .consumer import Batch, QueueConsumer
+from .consumer import Batch, QueueConsumer, let_go_bodies, put_back_bodies
 from .handoff import FilePartition, HandoffDir, LocalModeProbe, answer_probe, read_file
 from .journal import BatchJournal, batch_keys
 
@@ -114,6 +114,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
             consumer.connect(consume=False)
             self._consumer = consumer
+            self._fit_batches()
         return self._consumer
 
     def _planned(self, batch: Batch) -> None:
@@ -204,17 +205,40 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 for offset in range(0, record_batch.num_rows, rows)]
 
     def _handoff_deliveries(self, seq: int, batch: Batch) -> list:
-        """Driver: batch `seq`, taken from the broker, as handoff files built slice by slice; then its
-        bodies are let go (the batch stays held for its acks). While it is written this process holds its
-        bodies and one slice of them as Arrow, not the whole batch twice; while Spark runs it, only the next
-        batch's deliveries. That peak is what bounds the batch size (`maxBytesPerTrigger`) the source
-        process's memory allows, and larger batches cost Spark less per message."""
+        """Driver: batch `seq`, taken from the broker, as handoff files built slice by slice, each slice's
+        bodies let go once its file is written (the batch stays held for its acks). While it is written this
+        process holds what is not yet in files and one slice of it as Arrow, beside the next batch's
+        deliveries arriving; while Spark runs it, only those. That peak is what bounds the batch size
+        (`maxBytesPerTrigger`) the source process's memory allows, and larger batches cost Spark less per
+        message. A write that fails part way puts the bodies back from the files written, for the inline
+        fallback (`_to_files`)."""
         if seq not in self._handoff.files:
             rows = arrow_rows.slice_rows(batch.count, batch.body_bytes(), ROWS_PER_PARTITION, PARTITION_BYTES)
-            slices = arrow_rows.in_slices(batch.deliveries, rows)
-            self._handoff.write(seq, map(arrow_rows.to_record_batch, slices))
-            batch.hand_off()
+            written = []        # the slices in files so far, their bodies let go
+
+            def slices():
+                for run in arrow_rows.in_slices(batch.deliveries, rows):
+                    yield arrow_rows.to_record_batch(run)
+                    written.append(run)         # resumed by write() once the slice is in its file
+                    let_go_bodies(run)
+
+            try:
+                self._handoff.write(seq, slices())
+            except OSError:
+                self._put_back(seq, written)
+                raise
+            batch.handed_off = True
         return self._handoff.files[seq]
+
+    def _put_back(self, seq: int, written: list) -> None:
+        """Driver: the bodies of batch `seq`'s slices in `written`, read back from their files."""
+        try:
+            for run, bodies in zip(written, self._handoff.bodies(seq, len(written)), strict=True):
+                put_back_bodies(run, bodies)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"AMQP source: batch {seq}'s handoff files under {self._handoff.base} could be "
+                               f"neither completed nor read back ({exc}); restart the query (its deliveries "
+                               "go back to the queue)") from None
 
     def _to_files(self, seq: int, write) -> list | None:
         """Driver: `write()` batch `seq`'s handoff files and return them; if the directory is our own
@@ -229,6 +253,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                         "tasks from now on", seq, self._handoff.base, exc)
             self._handoff.close()
             self._handoff = None
+            self._fit_batches()
             return None
 
     def _local_mode_found(self) -> None:
@@ -237,9 +262,15 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         probe, self._probe = self._probe, None
         probe.close()
         self._handoff = probe.handoff_dir()
+        self._fit_batches()
         if self._handoff is not None:
             log.info("AMQP source: the executors run in the driver's JVM (local mode); batches go to them as "
                      "files under %s (option handoff=inline keeps them inside the tasks)", self._handoff.base)
+
+    def _fit_batches(self) -> None:
+        """Driver: batches as large as the way they go allows (maxBytesPerTrigger's default): larger as
+        files, unless journalPath holds each one whole as Arrow until its commit."""
+        self._consumer.batches_as_files(self._handoff is not None and self._journal is None)
 
     def _from_journal(self, seq: int):
         """Driver: batch `seq` as an earlier run journaled it (None if it did not), kept until its commit

@@ -15,6 +15,7 @@ from spark_amqp.options import parse
 from spark_amqp.schema import ARROW_SCHEMA
 from spark_amqp.source import arrow_rows, stream_reader
 from spark_amqp.source.consumer import QueueConsumer
+from spark_amqp.source.handoff import HandoffDir
 from waiting import wait_until
 
 KB = b"k" * 1024
@@ -237,5 +238,98 @@ def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodie
         env.wait_state(first, (0, 0), timeout=30)
         env.wait_state(second, (0, 0), timeout=30)
         assert list(handoff.rglob("*.arrow")) == []
+    finally:
+        reader.stop()
+
+
+def test_a_handoff_write_failing_part_way_puts_the_bodies_back_and_goes_inside_the_tasks(env, tmp_path,
+                                                                                        monkeypatch):
+    """The driver's side alone, with the directory handoff=auto makes of its own in local mode: a batch's
+    second file cannot be written (a directory stands at its path). The first file's slice had let its
+    bodies go; they are read back, and the whole batch goes inside its tasks, every row in order with its
+    body; the directory is gone, and the commit acks everything."""
+    monkeypatch.setattr(stream_reader, "ROWS_PER_PARTITION", 400)   # 900 rows: three slices of 300
+    q = env.queue("putback")
+    env.publish_bulk(q, [b"p%03d" % i for i in range(900)])
+    reader = stream_reader.QueueStreamReader(parse({"uri": env.url, "queue": q, "prefetch": "5000"}, "source"))
+    try:
+        start = reader.initialOffset()
+        reader._session().start_consuming()
+        wait_until(lambda: reader._consumer.pending() == 900, 30, message="the 900 messages received")
+        end = {"seq": start["seq"] + 1}
+        reader._handoff = own = HandoffDir(str(tmp_path / "own"), owned=True)   # as local mode makes it
+        os.makedirs(own.file_path(end["seq"], 1))
+        parts = reader.partitions(start, end)
+        assert {type(p).__name__ for p in parts} == {"ArrowPartition"}
+        rows = pa.concat_tables([pa.Table.from_batches(list(reader.read(p))) for p in parts])
+        assert rows.column("body").to_pylist() == [b"p%03d" % i for i in range(900)]
+        assert reader._handoff is None and not (tmp_path / "own").exists()
+        reader.commit(end)
+        env.wait_state(q, (0, 0), timeout=30)
+    finally:
+        reader.stop()
+
+
+FOUR_KB = b"m" * 4096
+
+
+@needs_admission_control       # the sized start (PySpark 4.0/4.1's reader starts at the full prefetch)
+@pytest.mark.parametrize("options, batch_bytes", [
+    ({"handoffPath": "{tmp}/handoff"}, 128 * 2**20),
+    ({"handoffPath": "{tmp}/handoff", "journalPath": "{tmp}/journal"}, 64 * 2**20),
+    ({"handoff": "inline"}, 64 * 2**20),
+    ({"handoffPath": "{tmp}/handoff", "maxBytesPerTrigger": "50000000"}, 50_000_000),
+], ids=["as-files", "as-files-with-journal", "inline", "as-files-user-bound"])
+def test_batches_handed_off_as_files_are_twice_as_large_by_default(env, tmp_path, options, batch_bytes):
+    """The driver's side alone: without maxBytesPerTrigger a batch is 128 MiB when it goes as files (the
+    driver's JVM never holds it, and the source process one batch's bodies at a time), 64 MiB inside the
+    tasks or with journalPath (which holds each batch whole until its commit); the user's bound stands. Once
+    the first batch shows 4 KB messages, the prefetch is what two batches take."""
+    q = env.queue("filebatches")
+    env.publish_bulk(q, [FOUR_KB] * 3000)
+    options = {k: v.format(tmp=tmp_path) for k, v in options.items()}
+    reader = stream_reader.QueueStreamReader(parse({"uri": env.url, "queue": q, **options}, "source"))
+    try:
+        start = reader.initialOffset()
+        reader._session().start_consuming()
+        env.wait_state(q, (1000, 2000), timeout=30)      # the sized start: 2,000 until sizes are known
+        end = {"seq": start["seq"] + 1}
+        reader.partitions(start, end)
+        assert reader._consumer.batches[end["seq"]].count == 1000
+        assert reader._consumer.prefetch == min(2 * batch_bytes // 4096, 200_000)
+        assert reader._consumer.batch_count(10**6) == batch_bytes // 4096
+        env.wait_state(q, (0, 3000), timeout=30)
+        reader.commit(end)
+        env.wait_state(q, (0, 2000), timeout=30)
+    finally:
+        reader.stop()
+
+
+@needs_admission_control
+def test_local_mode_found_makes_batches_twice_as_large(env, tmp_path, monkeypatch):
+    """handoff=auto, the driver's side alone with an executor in its process (the same SPARK_LOCAL_DIRS):
+    the first batch goes inside its task, at 64 MiB; its read tells the driver the executors share its JVM,
+    the next batch goes as files, and from then on batches are 128 MiB, the prefetch two of them."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    q = env.queue("foundlocal")
+    env.publish_bulk(q, [FOUR_KB] * 3000)
+    reader = stream_reader.QueueStreamReader(parse({"uri": env.url, "queue": q}, "source"))
+    try:
+        start = reader.initialOffset()
+        reader._session().start_consuming()
+        env.wait_state(q, (1000, 2000), timeout=30)
+        first = {"seq": start["seq"] + 1}
+        parts = reader.partitions(start, first)
+        assert {type(p).__name__ for p in parts} == {"ArrowPartition"}
+        assert reader._consumer.batch_count(10**6) == 64 * 2**20 // 4096
+        assert sum(len(b) for p in parts for b in reader.read(p)) == 1000     # the executor answers the probe
+        wait_until(lambda: reader._consumer.pending() == 2000, 30, message="the other 2,000 messages received")
+        second = {"seq": first["seq"] + 1}
+        parts = reader.partitions(first, second)
+        assert {type(p).__name__ for p in parts} == {"FilePartition"}
+        assert reader._consumer.batch_count(10**6) == 128 * 2**20 // 4096
+        assert reader._consumer.prefetch == 2 * 128 * 2**20 // 4096
+        reader.commit(second)
+        env.wait_state(q, (0, 0), timeout=30)
     finally:
         reader.stop()
