@@ -4,6 +4,7 @@ to the executors as files (handoffPath)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pika
@@ -271,6 +272,34 @@ def test_a_handoff_write_failing_part_way_puts_the_bodies_back_and_goes_inside_t
 
 
 FOUR_KB = b"m" * 4096
+
+
+def test_a_raised_prefetch_adds_consumers_so_the_broker_sends_no_more_than_it(env):
+    """The consumer alone, 1 KB messages under maxBytesPerTrigger 4,000,000: the sized start's 2,000 rise
+    to 7,812 after the first batch, and, with batches of 8,000,000 bytes (as batches going as files raise
+    them), to 15,625 while the first consumers' deliveries are still unacked. The raise starts consumers for
+    the difference beside the running ones: the broker has the new prefetch unacked (15,628 as shared over
+    four channels), not that beside what cancelled consumers had sent."""
+    q = env.queue("raised")
+    env.publish_bulk(q, [KB] * 30000)
+    consumer = QueueConsumer(parse({"uri": env.url, "queue": q, "maxBytesPerTrigger": "4000000"}, "source"),
+                             sized_start=True)
+    consumer.connect()
+    try:
+        env.wait_state(q, (28000, 2000), timeout=30)
+        first = consumer.take(1, consumer.batch_count(consumer.prefetch // 2))
+        assert first.count == 1000 and consumer.prefetch == 7812
+        env.wait_state(q, (30000 - 7812, 7812), timeout=30)
+        consumer.batch_bytes = 8_000_000
+        consumer._fit_prefetch(refit=True)
+        assert consumer.prefetch == 15625
+        env.wait_state(q, (30000 - 15628, 15628), timeout=30)
+        time.sleep(0.5)
+        assert env.state(q) == (30000 - 15628, 15628)
+        consumer.ack_through(1)
+        env.wait_state(q, (30000 - 15628 - 1000, 15628), timeout=30)   # acked: the first consumers take more
+    finally:
+        consumer.close()
 
 
 @needs_admission_control       # the sized start (PySpark 4.0/4.1's reader starts at the full prefetch)
