@@ -157,14 +157,6 @@ class Option:
     pyspark: str = "4.0"   # the oldest PySpark the option works on (README, "PySpark versions")
 
 
-# maxBytesPerTrigger's defaults. Inside Spark's tasks a batch passes through the driver's JVM, whose default
-# heap is 1 GB. As files (handoff) it does not, and the source process holds one batch's bodies at a time
-# (stream_reader._handoff_deliveries), so larger batches pay Spark's cost per batch less often: 250,000 x 4 KB
-# on local[2] read 93.9-95.5 MB/s with 128 MiB against 67.1-78.7 with 64 MiB, the source process at 455-458 MB
-# against 395-399 (2026-11-25). With journalPath a batch is held whole as Arrow until its commit: 64 MiB.
-BATCH_BYTES = 64 * 2**20
-BATCH_BYTES_AS_FILES = 128 * 2**20
-
 OPTIONS = (
     Option("uri", "both", None, _uri,
            "Broker URI `amqp://user:password@host:port/vhost` (vhost percent-encoded: `/%2F` is `/`). Required."),
@@ -197,13 +189,12 @@ OPTIONS = (
     Option("maxMessagesPerTrigger", "source", None, _positive_int,
            "Source: most messages in one micro-batch (default: no limit beyond prefetch). PySpark 4.2+ "
            "applies it as a read limit; on 4.0 and 4.1 the source applies it itself."),
-    Option("maxBytesPerTrigger", "source", None, _positive_int,
-           "Queue mode: message bodies in one micro-batch, at most about this many bytes (the message that "
-           "reaches it is the batch's last). Default: 134217728 (128 MiB) when batches go to the executors as "
-           "files (`handoffPath`, or local mode with `handoff=auto`) and without `journalPath`; else 67108864 "
-           "(64 MiB), which keeps a batch within what the driver's JVM holds comfortably (4 KB messages in "
-           "batches of 100,000 ran its default 1 GB heap out of memory). Without `prefetch`, the prefetch is "
-           "lowered, once message sizes are known, to what two batches of this size take."),
+    Option("maxBytesPerTrigger", "source", 64 * 2**20, _positive_int,
+           "Queue mode: message bodies in one micro-batch, at most about this many bytes (default 67108864, "
+           "64 MiB; the message that reaches it is the batch's last). It keeps a batch within what the "
+           "driver's JVM holds comfortably (4 KB messages in batches of 100,000 ran its default 1 GB heap "
+           "out of memory). Without `prefetch`, the prefetch is lowered, once message sizes are known, to "
+           "what two batches of this size take."),
     Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),
            "Source: `classic` and `quorum` consume with acks (queue mode); `stream` reads stream queues by "
            "offset ranges on executors (stream mode: nothing is acked or removed)."),

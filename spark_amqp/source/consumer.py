@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
                       ConsumerCancelledError)
 from ..client.uri import parse_uri, redact
-from ..options import BATCH_BYTES, BATCH_BYTES_AS_FILES, connect_kwargs
+from ..options import BY_KEY, connect_kwargs
 
 log = logging.getLogger("spark_amqp.source")
 
@@ -118,7 +118,7 @@ class QueueConsumer:
         self.prefetch = self.default_prefetch     # lowered for large messages: _fit_prefetch
         if sized_start and not options.get("prefetch"):
             self.prefetch = min(self.default_prefetch, FIRST_PREFETCH)
-        self.batch_bytes = options.get("maxBytesPerTrigger") or BATCH_BYTES
+        self.batch_bytes = options.get("maxBytesPerTrigger") or BY_KEY["maxbytespertrigger"].default
         self.channels_per_queue = -(-self.default_prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
@@ -304,19 +304,7 @@ class QueueConsumer:
         mean = self._mean_size()
         return max_count if mean is None else max(1, min(max_count, int(self.batch_bytes // mean)))
 
-    def batches_as_files(self, as_files: bool) -> None:
-        """Driver: whether the reader hands batches to the executors as files from now on (one batch's bodies
-        held at a time) or inside Spark's tasks. Without maxBytesPerTrigger, batches are then
-        BATCH_BYTES_AS_FILES or BATCH_BYTES, and the prefetch two of them once message sizes are known."""
-        batch_bytes = BATCH_BYTES_AS_FILES if as_files else BATCH_BYTES
-        if self.options.get("maxBytesPerTrigger") or self.batch_bytes == batch_bytes:
-            return
-        log.info("AMQP source: batches go %s: maxBytesPerTrigger %d by default",
-                 "as files" if as_files else "inside the tasks", batch_bytes)
-        self.batch_bytes = batch_bytes
-        self._fit_prefetch(refit=True)
-
-    def _fit_prefetch(self, refit: bool = False) -> None:
+    def _fit_prefetch(self) -> None:
         """Driver, after each take, without the `prefetch` option: once message sizes are known, a prefetch
         that would hold far more than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the
         default 200,000) is lowered to that, and one far below it (FIRST_PREFETCH, or after messages shrank)
@@ -324,14 +312,12 @@ class QueueConsumer:
         lower it, each consumer is cancelled and started again (the deliveries it already sent stay unacked
         on the channel, acked with their batches); to raise it, more consumers start beside the running
         ones, for the difference. (Restarted at the higher prefetch, the new consumers would fill it beside
-        what the cancelled ones had sent: with 4 KB messages, the source process peaked at 522-529 MB where
-        it held 455-458 MB under the same prefetch from the start.) `refit`: maxBytesPerTrigger changed;
-        fit even a prefetch within a factor of two of the new one."""
+        what the cancelled ones had sent: the sized start's 2,000 raised to 7,812 left 9,812 unacked.)"""
         mean = self._mean_size()
         if self.options.get("prefetch") or mean is None or not self.consuming:
             return
         fitted = max(1000, min(self.default_prefetch, int(2 * self.batch_bytes // mean)))
-        if fitted == self.prefetch or not refit and self.prefetch / 2 <= fitted <= self.prefetch * 2:
+        if self.prefetch / 2 <= fitted <= self.prefetch * 2:
             return
         log.info("AMQP source: prefetch %d -> %d per queue (messages of %.0f bytes, maxBytesPerTrigger %d)",
                  self.prefetch, fitted, mean, self.batch_bytes)

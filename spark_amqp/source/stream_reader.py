@@ -114,7 +114,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
             consumer.connect(consume=False)
             self._consumer = consumer
-            self._fit_batches()
         return self._consumer
 
     def _planned(self, batch: Batch) -> None:
@@ -253,7 +252,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                         "tasks from now on", seq, self._handoff.base, exc)
             self._handoff.close()
             self._handoff = None
-            self._fit_batches()
             return None
 
     def _local_mode_found(self) -> None:
@@ -262,15 +260,9 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         probe, self._probe = self._probe, None
         probe.close()
         self._handoff = probe.handoff_dir()
-        self._fit_batches()
         if self._handoff is not None:
             log.info("AMQP source: the executors run in the driver's JVM (local mode); batches go to them as "
                      "files under %s (option handoff=inline keeps them inside the tasks)", self._handoff.base)
-
-    def _fit_batches(self) -> None:
-        """Driver: batches as large as the way they go allows (maxBytesPerTrigger's default): larger as
-        files, unless journalPath holds each one whole as Arrow until its commit."""
-        self._consumer.batches_as_files(self._handoff is not None and self._journal is None)
 
     def _from_journal(self, seq: int):
         """Driver: batch `seq` as an earlier run journaled it (None if it did not), kept until its commit

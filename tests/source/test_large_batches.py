@@ -271,94 +271,30 @@ def test_a_handoff_write_failing_part_way_puts_the_bodies_back_and_goes_inside_t
         reader.stop()
 
 
-FOUR_KB = b"m" * 4096
-
 
 def test_a_raised_prefetch_adds_consumers_so_the_broker_sends_no_more_than_it(env):
     """The consumer alone, 1 KB messages under maxBytesPerTrigger 4,000,000: the sized start's 2,000 rise
-    to 7,812 after the first batch, and, with batches of 8,000,000 bytes (as batches going as files raise
-    them), to 15,625 while the first consumers' deliveries are still unacked. The raise starts consumers for
-    the difference beside the running ones: the broker has the new prefetch unacked (15,628 as shared over
-    four channels), not that beside what cancelled consumers had sent."""
+    to 7,812 after the first batch, and, with batches of 16,000,000 bytes, to 31,250 while the first
+    consumers' deliveries are still unacked. Each raise starts consumers for the difference beside the
+    running ones: the broker has the new prefetch unacked (31,252 as shared over four channels), not that
+    beside what cancelled consumers had sent."""
     q = env.queue("raised")
-    env.publish_bulk(q, [KB] * 30000)
+    env.publish_bulk(q, [KB] * 40000)
     consumer = QueueConsumer(parse({"uri": env.url, "queue": q, "maxBytesPerTrigger": "4000000"}, "source"),
                              sized_start=True)
     consumer.connect()
     try:
-        env.wait_state(q, (28000, 2000), timeout=30)
+        env.wait_state(q, (38000, 2000), timeout=30)
         first = consumer.take(1, consumer.batch_count(consumer.prefetch // 2))
         assert first.count == 1000 and consumer.prefetch == 7812
-        env.wait_state(q, (30000 - 7812, 7812), timeout=30)
-        consumer.batch_bytes = 8_000_000
-        consumer._fit_prefetch(refit=True)
-        assert consumer.prefetch == 15625
-        env.wait_state(q, (30000 - 15628, 15628), timeout=30)
+        env.wait_state(q, (40000 - 7812, 7812), timeout=30)
+        consumer.batch_bytes = 16_000_000
+        consumer._fit_prefetch()
+        assert consumer.prefetch == 31250
+        env.wait_state(q, (40000 - 31252, 31252), timeout=30)
         time.sleep(0.5)
-        assert env.state(q) == (30000 - 15628, 15628)
+        assert env.state(q) == (40000 - 31252, 31252)
         consumer.ack_through(1)
-        env.wait_state(q, (30000 - 15628 - 1000, 15628), timeout=30)   # acked: the first consumers take more
+        env.wait_state(q, (40000 - 31252 - 1000, 31252), timeout=30)   # acked: the first consumers take more
     finally:
         consumer.close()
-
-
-@needs_admission_control       # the sized start (PySpark 4.0/4.1's reader starts at the full prefetch)
-@pytest.mark.parametrize("options, batch_bytes", [
-    ({"handoffPath": "{tmp}/handoff"}, 128 * 2**20),
-    ({"handoffPath": "{tmp}/handoff", "journalPath": "{tmp}/journal"}, 64 * 2**20),
-    ({"handoff": "inline"}, 64 * 2**20),
-    ({"handoffPath": "{tmp}/handoff", "maxBytesPerTrigger": "50000000"}, 50_000_000),
-], ids=["as-files", "as-files-with-journal", "inline", "as-files-user-bound"])
-def test_batches_handed_off_as_files_are_twice_as_large_by_default(env, tmp_path, options, batch_bytes):
-    """The driver's side alone: without maxBytesPerTrigger a batch is 128 MiB when it goes as files (the
-    driver's JVM never holds it, and the source process one batch's bodies at a time), 64 MiB inside the
-    tasks or with journalPath (which holds each batch whole until its commit); the user's bound stands. Once
-    the first batch shows 4 KB messages, the prefetch is what two batches take."""
-    q = env.queue("filebatches")
-    env.publish_bulk(q, [FOUR_KB] * 3000)
-    options = {k: v.format(tmp=tmp_path) for k, v in options.items()}
-    reader = stream_reader.QueueStreamReader(parse({"uri": env.url, "queue": q, **options}, "source"))
-    try:
-        start = reader.initialOffset()
-        reader._session().start_consuming()
-        env.wait_state(q, (1000, 2000), timeout=30)      # the sized start: 2,000 until sizes are known
-        end = {"seq": start["seq"] + 1}
-        reader.partitions(start, end)
-        assert reader._consumer.batches[end["seq"]].count == 1000
-        assert reader._consumer.prefetch == min(2 * batch_bytes // 4096, 200_000)
-        assert reader._consumer.batch_count(10**6) == batch_bytes // 4096
-        env.wait_state(q, (0, 3000), timeout=30)
-        reader.commit(end)
-        env.wait_state(q, (0, 2000), timeout=30)
-    finally:
-        reader.stop()
-
-
-@needs_admission_control
-def test_local_mode_found_makes_batches_twice_as_large(env, tmp_path, monkeypatch):
-    """handoff=auto, the driver's side alone with an executor in its process (the same SPARK_LOCAL_DIRS):
-    the first batch goes inside its task, at 64 MiB; its read tells the driver the executors share its JVM,
-    the next batch goes as files, and from then on batches are 128 MiB, the prefetch two of them."""
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
-    q = env.queue("foundlocal")
-    env.publish_bulk(q, [FOUR_KB] * 3000)
-    reader = stream_reader.QueueStreamReader(parse({"uri": env.url, "queue": q}, "source"))
-    try:
-        start = reader.initialOffset()
-        reader._session().start_consuming()
-        env.wait_state(q, (1000, 2000), timeout=30)
-        first = {"seq": start["seq"] + 1}
-        parts = reader.partitions(start, first)
-        assert {type(p).__name__ for p in parts} == {"ArrowPartition"}
-        assert reader._consumer.batch_count(10**6) == 64 * 2**20 // 4096
-        assert sum(len(b) for p in parts for b in reader.read(p)) == 1000     # the executor answers the probe
-        wait_until(lambda: reader._consumer.pending() == 2000, 30, message="the other 2,000 messages received")
-        second = {"seq": first["seq"] + 1}
-        parts = reader.partitions(first, second)
-        assert {type(p).__name__ for p in parts} == {"FilePartition"}
-        assert reader._consumer.batch_count(10**6) == 128 * 2**20 // 4096
-        assert reader._consumer.prefetch == 2 * 128 * 2**20 // 4096
-        reader.commit(second)
-        env.wait_state(q, (0, 0), timeout=30)
-    finally:
-        reader.stop()
