@@ -271,7 +271,6 @@ def test_a_handoff_write_failing_part_way_puts_the_bodies_back_and_goes_inside_t
         reader.stop()
 
 
-
 def test_a_raised_prefetch_adds_consumers_so_the_broker_sends_no_more_than_it(env):
     """The consumer alone, 1 KB messages under maxBytesPerTrigger 4,000,000: the sized start's 2,000 rise
     to 7,812 after the first batch, and, with batches of 16,000,000 bytes, to 31,250 while the first
