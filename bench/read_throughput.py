@@ -16,13 +16,16 @@ For each broker (the embedded one in its own process, and RabbitMQ at 127.0.0.1:
   5. preload again; (batched) drain it with the source's own consumer (`QueueConsumer`) driven as the
      source drives it, without Spark: each batch acked only when the next is taken, after a pause of
      --batch-pause seconds standing for Spark's cycle: what the ack-at-commit discipline alone costs;
-  6. with --journal, preload again; (journal) as (source) with the option `journalPath`;
-and print msg/s and MB/s (bodies) for each, the ratios source/pika and source/ceiling, the peak resident
-memory of the driver-side Python process that runs the source, and for every drain the CPU microseconds per
-message of each process role (bench/process_cpu.py: broker, source, executors, jvm, bench), and for each
-Spark drain the seconds its batches spent in each of Spark's phases (latestOffset: the source waiting for
-and taking a batch; addBatch: partitions built and tasks run; walCommit/commitOffsets: the checkpoint's
-offset and commit logs).
+  6. (floor) Spark's floor, no broker: a Python streaming source (bench/spark_floor.py) that hands Spark
+     the source's own full batches as the source's own files, as many rows as the case: what Spark alone
+     allows the source, so that source/floor is the share of it the connector keeps;
+  7. with --journal, preload again; (journal) as (source) with the option `journalPath`;
+and print msg/s and MB/s (bodies) for each, the ratios source/pika, source/ceiling and source/floor, the
+peak resident memory of the driver-side Python process that runs the source, and for every drain the CPU
+microseconds per message of each process role (bench/process_cpu.py: broker, source, executors, jvm,
+bench), and for each Spark drain the seconds its batches spent in each of Spark's phases (latestOffset: the
+source waiting for and taking a batch; addBatch: partitions built and tasks run; walCommit/commitOffsets:
+the checkpoint's offset and commit logs).
 
     python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--skip-embedded]
                                     [--journal] [--batch-pause 0.3] [--rounds 1]
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -45,6 +49,8 @@ from broker_vs_rabbitmq import (Consumer, Publisher, Target, declare_queue, dele
                                 find_listener, queue_depth, start_embedded, stop_embedded)
 from process_cpu import SOURCE_MARKER, CpuByRole, format_breakdown  # noqa: E402
 from socket_bytes import Sampler  # noqa: E402
+
+import spark_floor  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 WARM_UP_MESSAGES = 100_000
@@ -137,26 +143,44 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
 
 
 def spark_drain(spark, url: str, queue: str, n: int, prefetch: int | None = None,
-                journal: bool = False, inline: bool = False) -> tuple[float, int]:
+                journal: bool = False, inline: bool = False) -> tuple[float, "SparkRun"]:
+    reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
+    if prefetch:
+        reader = reader.option("prefetch", prefetch)
+    if journal:
+        reader = reader.option("journalPath", tempfile.mkdtemp(prefix="bench-journal-"))
+    if inline:
+        reader = reader.option("handoff", "inline")
+    return timed_query(reader, n)
+
+
+def floor_drain(spark, n: int, size: int) -> tuple[float, "SparkRun"]:
+    """Spark's floor (bench/spark_floor.py): the source's full batches of `size`-byte bodies, served as
+    files with no broker, until at least `n` rows (whole batches) have gone through Spark."""
+    directory = tempfile.mkdtemp(prefix="bench-floor-")
+    try:
+        files, rows = spark_floor.write_slices(directory, size)
+        reader = (spark.readStream.format(spark_floor.NAME).option("files", ",".join(files))
+                  .option("dir", directory).option("batches", -(-n // rows)))
+        return timed_query(reader, n)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def timed_query(reader, n: int) -> tuple[float, "SparkRun"]:
+    """Run `reader` under availableNow into `noop`, timed from the query's start to its end: (rows/s,
+    SparkRun). At least `n` rows must go through."""
     checkpoint = tempfile.mkdtemp(prefix="bench-read-")
     with PeakRSS() as rss:
         t0 = time.perf_counter()
-        reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
-        if prefetch:
-            reader = reader.option("prefetch", prefetch)
-        if journal:
-            reader = reader.option("journalPath", tempfile.mkdtemp(prefix="bench-journal-"))
-        if inline:
-            reader = reader.option("handoff", "inline")
         q = (reader.load().writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
         q.awaitTermination()
         seconds = time.perf_counter() - t0
-    progress = q.recentProgress
-    rows = sum(p["numInputRows"] for p in progress)
-    if rows < n:
-        raise SystemExit(f"spark read {rows} rows, expected {n}")
-    return n / seconds, SparkRun(rss.peak, seconds, progress)
+    run = SparkRun(rss.peak, seconds, q.recentProgress)
+    if run.rows < n:
+        raise SystemExit(f"spark read {run.rows} rows, expected {n}")
+    return run.rows / seconds, run
 
 
 class SparkRun:
@@ -169,6 +193,7 @@ class SparkRun:
         self.peak_rss = peak_rss
         self.seconds = seconds
         self.batches = sum(1 for p in progress if p["numInputRows"])
+        self.rows = sum(p["numInputRows"] for p in progress)
         self.phase_seconds = {name: sum(p["durationMs"].get(name, 0) for p in progress) / 1000
                               for name in self.PHASES}
 
@@ -181,23 +206,28 @@ class SparkRun:
 
 def start_spark():
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python workers import bench/spark_floor.py by name: they inherit this PYTHONPATH.
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     from pyspark.sql import SparkSession
     spark = (SparkSession.builder.master("local[2]").appName("bench-read")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(spark_floor.FloorSource)
     return spark
 
 
 def measure(target: Target, n: int, drain) -> tuple[float, dict, object]:
     """Run `drain()` (returns msg/s, or (msg/s, extra)) under a CPU sampler: (msg/s, CPU us per message by
-    role, extra)."""
+    role, extra). Per message of the `n` drained, or of the rows a Spark drain reports (the floor's last
+    batch is whole)."""
     with CpuByRole(target.process, interval=0.25) as cpu:
         result = drain()
     rate, extra = result if isinstance(result, tuple) else (result, None)
-    return rate, cpu.per_message(n), extra
+    return rate, cpu.per_message(getattr(extra, "rows", n)), extra
 
 
-SPARK_DRAINS = ("source", "inline", "journal")
+SPARK_DRAINS = ("source", "inline", "floor", "journal")
 
 
 def parse_cases(text: str) -> list[tuple[int, int]]:
@@ -231,11 +261,13 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
                   ("source", lambda: spark_drain(spark, t.url, queue, n, args.prefetch)),
                   ("inline", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, inline=True)),
                   ("ceiling", lambda: client_drain(t.url, queue, n)),
-                  ("batched", lambda: batched_drain(t.url, queue, n, args.batch_pause))]
+                  ("batched", lambda: batched_drain(t.url, queue, n, args.batch_pause)),
+                  ("floor", lambda: floor_drain(spark, n, size))]
         if args.journal:
             drains.append(("journal", lambda: spark_drain(spark, t.url, queue, n, args.prefetch, journal=True)))
         for name, drain in drains:
-            preload(t.url, queue, n, size)
+            if name != "floor":
+                preload(t.url, queue, n, size)
             if name in SPARK_DRAINS:
                 rewarm(spark, t.url, warm, size)
             rows[name] = measure(t, n, drain)
@@ -246,8 +278,8 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
 
 
 def report(name: str, n: int, size: int, rows: dict) -> str:
-    pika, source, inline, ceiling, batched = (rows[k][0] for k in ("pika", "source", "inline", "ceiling",
-                                                                    "batched"))
+    pika, source, inline, ceiling, batched, floor = (rows[k][0] for k in ("pika", "source", "inline", "ceiling",
+                                                                           "batched", "floor"))
     print(f"\n{name}, {n:,} x {size} B")
     for label, (rate, cpu, run) in rows.items():
         print(f"  {label:<8} {rate:>10,.0f} msg/s {rate * size / 1e6:>8.1f} MB/s   CPU us/msg: "
@@ -257,11 +289,12 @@ def report(name: str, n: int, size: int, rows: dict) -> str:
     journal = rows.get("journal")
     summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; inline/pika "
                f"{inline / pika:.2f}, inline/ceiling {inline / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}; "
-               f"batched/ceiling {batched / ceiling:.2f}, source/batched {source / batched:.2f}"
+               f"batched/ceiling {batched / ceiling:.2f}, source/batched {source / batched:.2f}; "
+               f"source/floor {source / floor:.2f}, floor/pika {floor / pika:.2f}"
                + (f"; journal/source {journal[0] / source:.2f}" if journal else ""))
     print(f"  {summary}", flush=True)
     return (f"{name} {n:,} x {size} B: pika {pika:,.0f}, source {source:,.0f}, inline {inline:,.0f}, "
-            f"ceiling {ceiling:,.0f}, batched {batched:,.0f} msg/s; {summary}")
+            f"ceiling {ceiling:,.0f}, batched {batched:,.0f}, floor {floor:,.0f} msg/s; {summary}")
 
 
 def main(argv=None) -> int:
@@ -285,13 +318,15 @@ def main(argv=None) -> int:
     spark, proc, embedded, targets = start_targets(args)
     # Warm-up: the first queries of a session pay for class loading and for the JIT compiling Spark's paths
     # (the JVM's compiler threads took 10-19 us per message of a 250,000-message query after one warm-up
-    # query, measured by thread); a query that has been running is past both. Three warm-up queries.
+    # query, measured by thread); a query that has been running is past both. Three warm-up queries of the
+    # source, one of the floor.
     lines = []
     try:
         warm = declare_queue(embedded.url)
         for inline in (True, False, False):
             preload(embedded.url, warm, WARM_UP_MESSAGES, 100)
             spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES, inline=inline)
+        floor_drain(spark, WARM_UP_MESSAGES, 100)    # its executors' workers import bench/spark_floor.py
         for t in targets:
             for n, size in cases:
                 for _ in range(args.rounds):
