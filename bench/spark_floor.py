@@ -10,7 +10,7 @@ on the AMQP side (the consumer, building the rows, writing the files): source / 
 Spark's own rate that the connector keeps.
 
 Spark's Python workers import this module by name (it is pickled by reference): `read_throughput.py` puts
-this directory on PYTHONPATH before Spark starts.
+this directory on PYTHONPATH before Spark starts. PySpark 4.2 or newer (availableNow for Python sources).
 """
 
 from __future__ import annotations
