@@ -43,17 +43,12 @@ def write_slices(directory: str, size: int) -> tuple[list[str], int]:
     """One full batch's slice files, written by the source's own HandoffDir under `directory`: (their
     paths, rows in the batch)."""
     rows, per_slice = batch_shape(size)
+    deliveries = [Delivery(None, "bench", tag, False, "", "bench-floor") for tag in range(1, rows + 1)]
     body = os.urandom(size)
-
-    def slices():
-        for start in range(0, rows, per_slice):
-            deliveries = [Delivery(None, "bench", tag, False, "", "bench-floor")
-                          for tag in range(start + 1, min(rows, start + per_slice) + 1)]
-            for d in deliveries:
-                d.body = body
-            yield arrow_rows.to_record_batch([("bench-floor", deliveries)])
-
-    return [part.path for part in HandoffDir(directory).write(0, slices())], rows
+    for d in deliveries:
+        d.body = body       # one bytes object shared: the files hold the copies
+    slices = map(arrow_rows.to_record_batch, arrow_rows.in_slices([("bench-floor", deliveries)], per_slice))
+    return [part.path for part in HandoffDir(directory).write(0, slices)], rows
 
 
 class FloorSource(DataSource):
