@@ -281,18 +281,35 @@ class QueueConsumer:
         """Journal: the redelivered copies of journaled messages are acked now, one by one (a multiple ack
         would ack this batch's own deliveries before their commit), and left out of the rows."""
         kept = []
+        claimed = []
         for d in got:
             key = self.journal.claim(queue, d) if d.redelivered else None
             if key is None:
                 kept.append(d)
                 continue
+            claimed.append(key)
             try:
                 ch.basic_ack(d.delivery_tag)
             except AMQPError:
-                self.journal.release(key)       # comes back again, and is matched again
+                pass        # the channel is gone: the round trip below fails too
+        if claimed:
+            try:
+                self._acks_taken(ch, queue)
+            except AMQPError:
+                for key in claimed:
+                    self.journal.release(key)   # comes back again, and is matched again
             else:
-                self.journal.acked([key])
+                self.journal.acked(claimed)
         return kept
+
+    def _acks_taken(self, channel, queue: str) -> None:
+        """Driver, journal only: a round trip on `channel` after its acks (a passive declare of `queue`), so
+        that an ack counts as done only once the broker has answered behind it. Writing an ack raises
+        nothing when the broker is already dead or never reads it (killed a moment after, or stopped), and
+        the message, redelivered after its restart, would be read twice. The embedded broker answers only
+        after the ack is in its journal; RabbitMQ, after its queue has taken the ack (channel order). Raises
+        AMQPError when no answer comes: the acks are then in doubt, and their keys stay expected."""
+        channel.queue_declare(queue, passive=True)
 
     def _mean_size(self) -> float | None:
         count = sum(self.taken.values())
@@ -372,6 +389,7 @@ class QueueConsumer:
         if not done:
             return 0
         highest: dict = {}
+        queue_of: dict = {}
         count = 0
         parts = []
         for s in done:
@@ -379,16 +397,19 @@ class QueueConsumer:
             for part in batch.parts:
                 if part.channel.is_open:
                     highest[part.channel] = max(part.last_tag, highest.get(part.channel, 0))
+                    queue_of[part.channel] = part.queue
                     parts.append((s, part))
             count += batch.count
         failed = set()
         for channel, tag in highest.items():
             try:
                 channel.basic_ack(tag, multiple=True)
+                if self.journal is not None:
+                    self._acks_taken(channel, queue_of[channel])
             except AMQPError as exc:
                 failed.add(channel)
-                log.warning("AMQP source: could not ack through batch %s (%s); the broker will redeliver",
-                            seq, exc)
+                log.warning("AMQP source: could not ack through batch %s, or not learn that the broker took "
+                            "the acks (%s); it will redeliver what it did not take", seq, exc)
         if self.journal is not None:
             for s, part in parts:
                 if part.channel not in failed and part.keys:

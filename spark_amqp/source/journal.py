@@ -14,7 +14,9 @@ written some of them already (at-least-once). With it:
   emitted again. The key is the queue and `message_id` when the message has one, else a fingerprint of
   queue, exchange, routing key, property bytes and body; keys are counted (two equal messages are two);
 - a file is removed once its batch is committed and every one of its messages was acked on a live
-  channel: its own delivery, or the redelivered copy that was dropped.
+  channel: its own delivery, or the redelivered copy that was dropped. An ack counts once the broker has
+  answered a round trip behind it on its channel (`QueueConsumer._acks_taken`): an ack written to a broker
+  killed a moment later raises nothing, and its message comes back after the restart.
 
 Where it runs: the driver, in the reader's `latestOffset` / `partitions` / `commit` (the Python process
 that owns the consumer). Paths: a local path, or any URI pyarrow's filesystems reach (`file://`, `s3://`,
@@ -184,8 +186,9 @@ class BatchJournal:
         self.expected[key] += 1
 
     def acked(self, keys, seq: int | None = None) -> None:
-        """These keys were acked on a live channel: batch `seq`'s own deliveries (they cannot come back,
-        so no copy is expected any more), or with `seq` None redelivered copies dropped earlier."""
+        """These keys were acked on a live channel, and the broker answered behind the acks: batch `seq`'s
+        own deliveries (they cannot come back, so no copy is expected any more), or with `seq` None
+        redelivered copies dropped earlier."""
         if seq is not None:
             self.expected.subtract(keys)
             if seq in self.outstanding:

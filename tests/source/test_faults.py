@@ -8,7 +8,9 @@
   (without it the batch planned before a cut comes back as redelivered copies);
 - the journal's files are removed once their batches are committed and acked;
 - the embedded broker killed (-9) and restarted on its data directory under a running query while a
-  publisher publishes with confirms: every confirmed message is read, none twice (with the journal).
+  publisher publishes with confirms: every confirmed message is read, none twice (with the journal);
+- the same broker stopped while the source acks a committed batch and then killed: acks it never read
+  are not counted done, so their messages' redelivered copies are dropped (with the journal).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import pytest
 from brokers import RABBITMQ_URL, DataDirBroker, require_rabbitmq
 from source_helpers import (Collector, Env, checkpoint, drop_killed_log_writes, job_batches, job_spec, kill_group,
                             start_job, stream)
-from spark_amqp.source.stream_reader import ADMISSION_CONTROL
+from spark_amqp.options import parse
+from spark_amqp.source.stream_reader import ADMISSION_CONTROL, LegacyQueueStreamReader
 from waiting import wait_until
 
 
@@ -235,4 +238,56 @@ def test_broker_killed_under_a_running_query_with_a_journal(spark, tmp_path):
                                              f"(unconfirmed ids: {publisher.unsure})")
     finally:
         query.stop()
+        broker.stop("kill")
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_acks_a_killed_broker_never_read_are_not_counted_done(tmp_path):
+    """The driver's side alone, called as Spark calls it (no Spark here): the embedded broker, on a data
+    directory, is stopped (SIGSTOP) while the source commits a journaled batch, so its acks go into a
+    socket the broker never reads; then it is killed (-9) and restarted. Writing the acks raised nothing,
+    and the broker never answered behind them: the batch's five messages stay expected, their redelivered
+    copies are dropped, the next batch holds the other five, and once it commits the journal is empty."""
+    broker = DataDirBroker(tmp_path / "data")
+    url, q = broker.url, "faults-unread-acks"
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True)
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish("", q, f"u{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    journal = tmp_path / "journal"
+    reader = LegacyQueueStreamReader(parse({"uri": url, "queue": q, "maxMessagesPerTrigger": "5",
+                                            "journalPath": str(journal)}, "source"))
+
+    def bodies(start, end):
+        return [b for p in reader.partitions(start, end) for rb in reader.read(p)
+                for b in rb.column("body").to_pylist()]
+
+    try:
+        start = reader.initialOffset()
+        first = reader.latestOffset()
+        assert bodies(start, first) == [f"u{i}".encode() for i in range(5)]
+        broker.proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: _stopped(broker.proc.pid), 10, message="the broker stopped")
+        committing = threading.Thread(target=reader.commit, args=(first,), daemon=True)
+        committing.start()
+        wait_until(lambda: first["seq"] not in reader._consumer.batches, 10, message="the acks written")
+        time.sleep(0.3)
+        broker.stop("kill")
+        committing.join(timeout=60)
+        assert not committing.is_alive(), "the commit still waits after the broker was killed"
+        broker = DataDirBroker(tmp_path / "data", "--port", str(urlparse(url).port))
+        second = wait_until(lambda: (end := reader.latestOffset()) != first and end, 30, interval=0.1,
+                            message="a batch after the restart")
+        assert bodies(first, second) == [f"u{i}".encode() for i in range(5, 10)]
+        reader.commit(second)
+        assert sorted(p.name for p in journal.iterdir()) == []
+    finally:
+        reader.stop()
         broker.stop("kill")
