@@ -53,7 +53,8 @@ from socket_bytes import Sampler  # noqa: E402
 import spark_floor  # noqa: E402
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
-WARM_UP_MESSAGES = 100_000
+# Messages of each warm-up query (see main): the first measured drains must find Spark's paths compiled.
+WARM_UP_MESSAGES = 1_000_000
 # Messages of the short query run right before each measured Spark drain (see `rewarm`).
 REWARM_MESSAGES = 20_000
 
@@ -318,12 +319,15 @@ def main(argv=None) -> int:
     spark, proc, embedded, targets = start_targets(args)
     # Warm-up: the first queries of a session pay for class loading and for the JIT compiling Spark's paths
     # (the JVM's compiler threads took 10-19 us per message of a 250,000-message query after one warm-up
-    # query, measured by thread); a query that has been running is past both. Three warm-up queries of the
-    # source, one of the floor.
+    # query, measured by thread); a query that has been running is past both, as a long-running pipeline
+    # is. One warm-up query of the source inside the tasks, one with handoff files, one of the floor, each
+    # of a million rows: after three of 100,000 the first measured source drain still spent 3.0 us of JVM
+    # CPU per message against 1.7 in a second round, and read 158,698 msg/s against 178,585
+    # (2026-11-25, 1,000,000 x 100 B, embedded broker; pika 117,273 and 115,662).
     lines = []
     try:
         warm = declare_queue(embedded.url)
-        for inline in (True, False, False):
+        for inline in (True, False):
             preload(embedded.url, warm, WARM_UP_MESSAGES, 100)
             spark_drain(spark, embedded.url, warm, WARM_UP_MESSAGES, inline=inline)
         floor_drain(spark, WARM_UP_MESSAGES, 100)    # its executors' workers import bench/spark_floor.py
