@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 import pika
 import pika.exceptions
+import psutil
 import pytest
 
 from brokers import RABBITMQ_URL, DataDirBroker, require_rabbitmq
@@ -241,11 +242,6 @@ def test_broker_killed_under_a_running_query_with_a_journal(spark, tmp_path):
         broker.stop("kill")
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 def test_acks_a_killed_broker_never_read_are_not_counted_done(tmp_path):
     """The driver's side alone, called as Spark calls it (no Spark here): the embedded broker, on a data
     directory, is stopped (SIGSTOP) while the source commits a journaled batch, so its acks go into a
@@ -274,7 +270,8 @@ def test_acks_a_killed_broker_never_read_are_not_counted_done(tmp_path):
         first = reader.latestOffset()
         assert bodies(start, first) == [f"u{i}".encode() for i in range(5)]
         broker.proc.send_signal(signal.SIGSTOP)
-        wait_until(lambda: _stopped(broker.proc.pid), 10, message="the broker stopped")
+        stopped = psutil.Process(broker.proc.pid)
+        wait_until(lambda: stopped.status() == psutil.STATUS_STOPPED, 10, message="the broker stopped")
         committing = threading.Thread(target=reader.commit, args=(first,), daemon=True)
         committing.start()
         wait_until(lambda: first["seq"] not in reader._consumer.batches, 10, message="the acks written")
