@@ -2,9 +2,12 @@
 
 Why the kernel: the question "does message data flow through the Spark driver?" must be answered from
 outside the connector, by counting what the driver's processes really received. `ss -i` reports each TCP
-socket's `bytes_received` (tcp_info) and `-p` its owning process. A socket's count is kept at the highest
-value sampled, so a connection that closes between two samples loses at most one interval's bytes; the
-driver's connection lives for the whole query and is sampled before it closes.
+socket's `bytes_received` (tcp_info) and `-p` its owning process, sampled every `interval`. A socket's
+count is kept at the highest value seen, and `ss -E` reports each socket once more as the kernel destroys
+it, with its final count: so a connection that closes between two samples loses nothing. A socket that
+opens and closes between two samples is still counted, at its close, but no sample saw its process: its
+bytes are `unattributed` (pid 0). A fast task's short connection does that; the driver's connection lives
+for the whole query and is always seen.
 
 Used by bench/stream_read_throughput.py and tests/source/test_stream_mode.py. Linux only; needs `ss`
 (iproute2) and the right to see the sockets of the processes (same user, or root).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 import threading
 from collections import defaultdict
 
@@ -69,18 +73,39 @@ class Sampler:
 
 
 class ReceivedBytes(Sampler):
-    """`sample(port)` every `interval` seconds: each socket's highest count, each process's command line."""
+    """`sample(port)` every `interval` seconds, plus every socket's final count at its close (`ss -E`):
+    each socket's highest count, each process's command line."""
+
+    #: How long `ss -E` is given to subscribe to the kernel's socket events before the measured work starts,
+    #: and to print the last ones after it ends.
+    EVENTS_SETTLE = 0.3
 
     def __init__(self, port: int, interval: float = 0.05):
         super().__init__(interval)
         self.port = port
         self.sockets: dict[tuple[str, int], int] = {}
-        self.cmdlines: dict[int, str] = {}     # read when first seen: a process may be gone by the end
+        self.cmdlines: dict[int, str] = {0: ""}     # read when first seen: a process may be gone by the end
+        self._lock = threading.Lock()
+        self._events: subprocess.Popen | None = None
+        self._events_thread = threading.Thread(target=self._read_events, daemon=True)
+
+    def __enter__(self):
+        self._events = subprocess.Popen(["stdbuf", "-oL", "ss", "-tinHE", f"( dport = :{self.port} )"],
+                                        stdout=subprocess.PIPE, text=True)
+        self._events_thread.start()
+        time.sleep(self.EVENTS_SETTLE)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        time.sleep(self.EVENTS_SETTLE)
+        self._events.terminate()
+        self._events.wait()
+        self._events_thread.join()
 
     def take(self) -> None:
         for key, n in sample(self.port).items():
-            if n > self.sockets.get(key, -1):
-                self.sockets[key] = n
+            self._count(key, n)
             pid = key[1]
             if pid not in self.cmdlines:
                 try:
@@ -88,8 +113,34 @@ class ReceivedBytes(Sampler):
                 except psutil.Error:
                     self.cmdlines[pid] = ""
 
+    def _count(self, key: tuple[str, int], n: int) -> None:
+        with self._lock:
+            if n > self.sockets.get(key, -1):
+                self.sockets[key] = n
+
+    def _read_events(self) -> None:
+        """Reads `ss -E`'s destroyed sockets (a socket line, then its tcp_info line) until it is stopped; a
+        socket's final count goes to the process a sample saw holding its local address, else to pid 0."""
+        local = None
+        for line in self._events.stdout:
+            if not line.startswith((" ", "\t")):
+                fields = line.split()
+                local = fields[3] if len(fields) > 4 else None     # UNCONN Recv-Q Send-Q Local Peer
+                continue
+            m = _RECEIVED.search(line)
+            if m and local:
+                with self._lock:
+                    pids = [pid for (address, pid) in self.sockets if address == local]
+                self._count((local, pids[-1] if pids else 0), int(m.group(1)))
+
+    @property
+    def unattributed(self) -> int:
+        """Bytes received by sockets that opened and closed between two samples: their process is unknown."""
+        return self.by_pid().get(0, 0)
+
     def received_by(self, marker: str) -> tuple[int, int]:
-        """(bytes received by the processes whose command line contains `marker`, by all the others)."""
+        """(bytes received by the processes whose command line contains `marker`, by all the others, the
+        unattributed sockets included)."""
         mine = others = 0
         for pid, n in self.by_pid().items():
             if marker in self.cmdlines.get(pid, ""):
@@ -101,6 +152,7 @@ class ReceivedBytes(Sampler):
     def by_pid(self) -> dict[int, int]:
         """Bytes received per process, summed over its sockets."""
         total: dict[int, int] = defaultdict(int)
-        for (_, pid), n in self.sockets.items():
-            total[pid] += n
+        with self._lock:
+            for (_, pid), n in self.sockets.items():
+                total[pid] += n
         return dict(total)
