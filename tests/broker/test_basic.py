@@ -547,6 +547,23 @@ def test_ack_multiple(env):
     assert ch.basic_get(q) == (None, None, None)
 
 
+@pytest.mark.parametrize("single", [0, 1, 4])
+def test_ack_multiple_after_a_single_ack(env, single):
+    """A single ack of the lowest, a middle or a later outstanding delivery, then a multiple ack through the
+    fourth: the five fetched are settled but the fifth (unless acked singly), which comes back redelivered."""
+    q, conn, ch = env.queue_and_channel(bodies(6))
+    got = _get_n(ch, q, 5)
+    ch.basic_ack(got[single][0])
+    ch.basic_ack(got[3][0], multiple=True)
+    pika_sync(ch)
+    ch.close()
+    ch = conn.channel()
+    expected = ([] if single == 4 else [(True, b"m5")]) + [(False, b"m6")]
+    rest = [(m.redelivered, b) for m, _p, b in (ch.basic_get(q, auto_ack=True) for _ in expected)]
+    assert rest == expected
+    assert ch.basic_get(q) == (None, None, None)
+
+
 def test_ack_zero_multiple_acks_everything_outstanding(env):
     q, conn, ch = env.queue_and_channel(bodies(4))
     _get_n(ch, q, 4)

@@ -240,6 +240,23 @@ def test_tx_rollback_discards_acks_messages_stay_unacked(env):
     assert ch.basic_get(q) == (None, None, None)
 
 
+def test_tx_rollback_of_a_multiple_ack_leaves_its_tags_to_the_next_multiple_ack(env):
+    """The rolled-back deliveries are outstanding again, below later tags: a multiple ack through a later
+    tag settles them too (the broker tracks the lowest tag that may be outstanding; a rollback lowers it)."""
+    q, conn, ch = env.queue_and_channel(bodies(4))
+    ch.tx_select()
+    tags = [ch.basic_get(q)[0].delivery_tag for _ in range(3)]
+    ch.basic_ack(tags[1], multiple=True)
+    ch.tx_rollback()
+    ch.basic_ack(tags[2], multiple=True)
+    ch.tx_commit()
+    ch.close()
+    ch = conn.channel()
+    method, _p, body = ch.basic_get(q, auto_ack=True)
+    assert (body, method.redelivered) == (b"m4", False)
+    assert ch.basic_get(q) == (None, None, None)
+
+
 def test_tx_ack_invisible_until_commit_seen_by_closing_connection(env):
     q, conn, ch = env.queue_and_channel([b"one"])
     ch.tx_select()
