@@ -75,6 +75,41 @@ def test_ack_multiple_frees_the_prefetch_of_each_consumer_it_settles(env, prefet
     pika_sync(ch)
 
 
+def test_full_consumers_are_passed_over_while_the_others_are_refilled(env):
+    """The source's pattern: four channels consuming one queue, each with its own prefetch; the acks of two
+    of them let the queue refill exactly those two, alternately, while the other two stay full, and after
+    their acks the queue goes on to them."""
+    prefetch = 5
+    q, conn, _ch = env.queue_and_channel(bodies(8 * prefetch))
+    got = Collector()
+    channels = []
+    for i in range(4):
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=prefetch)
+        ch.basic_consume(q, got, consumer_tag=f"c{i}")
+        channels.append(ch)
+    pump(conn, lambda: len(got) >= 4 * prefetch)
+    settle(conn)
+
+    def per_consumer():
+        return [sum(1 for item in got.items if item[0] == f"c{i}") for i in range(4)]
+
+    assert per_consumer() == [prefetch] * 4
+    for ch in channels[:2]:
+        ch.basic_ack(0, multiple=True)
+    pump(conn, lambda: len(got) >= 6 * prefetch)
+    settle(conn)
+    assert per_consumer() == [2 * prefetch, 2 * prefetch, prefetch, prefetch]
+    refilled = [item[0] for item in got.items[4 * prefetch:]]
+    assert sorted(refilled) == ["c0"] * prefetch + ["c1"] * prefetch
+    for ch in channels[2:]:
+        ch.basic_ack(0, multiple=True)
+    pump(conn, lambda: len(got) >= 8 * prefetch)
+    settle(conn)
+    assert per_consumer() == [2 * prefetch] * 4
+    assert queue_counts(env.url, q)[0] == 0
+
+
 def test_qos_prefetch_with_py_amqp(env):
     q, conn, ch = env.queue_and_channel(bodies(4), client="amqp")
     ch.basic_qos(0, 1, False)
