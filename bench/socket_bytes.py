@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 import threading
+import time
 from collections import defaultdict
 
 import psutil
@@ -87,13 +87,17 @@ class ReceivedBytes(Sampler):
         self.cmdlines: dict[int, str] = {0: ""}     # read when first seen: a process may be gone by the end
         self._lock = threading.Lock()
         self._events: subprocess.Popen | None = None
+        self.sees_closes = False       # whether `ss -E` runs (see __enter__)
         self._events_thread = threading.Thread(target=self._read_events, daemon=True)
 
     def __enter__(self):
         self._events = subprocess.Popen(["stdbuf", "-oL", "ss", "-tinHE", f"( dport = :{self.port} )"],
-                                        stdout=subprocess.PIPE, text=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._events_thread.start()
         time.sleep(self.EVENTS_SETTLE)
+        # Listening to the kernel's socket-destroy events needs CAP_NET_ADMIN: without it `ss -E` exits at
+        # once, and only the samples count.
+        self.sees_closes = self._events.poll() is None
         return super().__enter__()
 
     def __exit__(self, *exc):

@@ -397,11 +397,11 @@ class Queue:
         `ready()` how many the store holds.
 
         Round-robin in rounds of the consumers' positions from `_rr`, each round visiting every position
-        once; `_rr` ends where it always has (after the last position a delivery was made at or refused
-        at, or a whole number of rounds on). A consumer that cannot take drops out of the rounds for the
-        rest of the call: nothing inside a call gives one room again (acks and socket drains come between
-        calls), and the source's four channels on one queue keep two of them full while the other two
-        are refilled, which cost the broker a refused `can_take` per delivery (a tenth of its time)."""
+        once, and `_rr` left where a loop visiting every position in turn leaves it (after the last
+        delivery, or whole rounds on). A consumer that cannot take drops out of the rounds for the rest of
+        the call: nothing inside a call gives one room again (acks and socket drains come between calls),
+        and the source's four channels on one queue keep two of them full while the other two are
+        refilled, which cost the broker a refused `can_take` per delivery (a tenth of its time)."""
         consumers = self.consumers
         sent = 0
         while ready() and consumers:
