@@ -120,6 +120,8 @@ class StreamLog:
     def __init__(self, options):
         self.options = options
         self.conn: Connection | None = None
+        self._tails: dict | None = None     # the ends the last probe found (watched_tails)
+        self._watches: dict = {}            # per stream: a channel consuming from that end, prefetch 1
 
     def connection(self) -> Connection:
         if self.conn is None or not self.conn.is_open:
@@ -136,6 +138,8 @@ class StreamLog:
         return self.conn
 
     def close(self) -> None:
+        self._watches = {}
+        self._tails = None
         if self.conn is not None:
             try:
                 self.conn.close(timeout=1.0)
@@ -185,6 +189,43 @@ class StreamLog:
         """Per stream, the offset after its last message (None: the stream is empty)."""
         seen = self._probe("last", PROBE_PREFETCH, TAIL_IDLE)
         return {s: (max(v) + 1 if v else None) for s, v in seen.items()}
+
+    def watched_tails(self) -> dict[str, int | None]:
+        """Driver, every trigger of a stream query: `tails()`, probed again only once a watch (a consumer
+        from the end the last probe found, prefetch 1) has received a message, or lost its channel. A probe
+        reads the last chunk of every stream and waits TAIL_IDLE for it (PROBE_WAIT on an empty stream):
+        probing on every trigger kept an idle query reading the streams' last chunks several times a second.
+        A message published between the probe and the watch's start is at or after that end: the watch
+        gets it."""
+        if self._tails is None or not self._quiet():
+            self._tails = self.tails()
+            self._watch(self._tails)
+        return dict(self._tails)
+
+    def _quiet(self) -> bool:
+        """Every stream has a watch, still open, that has received nothing."""
+        return len(self._watches) == len(self.options["queue"]) and all(
+            ch.is_open and not ch.pending_deliveries for ch in self._watches.values())
+
+    def _watch(self, tails: dict) -> None:
+        """Watches from `tails` (offset 0 for an empty stream: its first message wakes it). Without them
+        (a channel refused or the connection lost) the next trigger probes again."""
+        for ch in self._watches.values():
+            try:
+                ch.close()
+            except AMQPError:
+                pass
+        self._watches = {}
+        try:
+            conn = self.connection()
+            for stream, tail in tails.items():
+                ch = conn.channel()
+                self._watches[stream] = ch
+                ch.basic_qos(1)
+                ch.basic_consume(stream, arguments={"x-stream-offset": tail or 0})
+        except AMQPError as exc:
+            log.warning("AMQP source: cannot watch the streams' ends (%s); probing them on every trigger", exc)
+            self._watches = {}
 
     def firsts(self) -> dict[str, int | None]:
         """Per stream, the first offset still there (None: the stream is empty)."""
@@ -317,7 +358,7 @@ class StreamModeReader(*_READER_BASES):
 
     def latestOffset(self, start: dict, limit) -> dict:
         """Driver, every trigger: where the next batch ends per stream."""
-        tails = self._driver().tails()
+        tails = self._driver().watched_tails()
         end = {}
         for s in self.options["queue"]:
             begin = start.get(s)
