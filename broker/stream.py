@@ -273,15 +273,14 @@ class Segment:
 
 
 class Reader:
-    """A consumer's position: the segment and chunk index it reads next, the record index inside that
-    chunk, and the first offset it may deliver (a numeric x-stream-offset starts inside a chunk)."""
+    """A consumer's position: the segment and chunk index it reads next (a chunk goes out whole), and the
+    first offset it may deliver (a numeric x-stream-offset starts inside a chunk)."""
 
-    __slots__ = ("segment", "chunk", "record", "start")
+    __slots__ = ("segment", "chunk", "start")
 
     def __init__(self, segment: Segment, chunk: int, start: int):
         self.segment = segment
         self.chunk = chunk
-        self.record = 0
         self.start = start
 
 
@@ -572,6 +571,11 @@ class StreamQueue:
         return more
 
     def _feed(self, consumer, reader: Reader, budget: int) -> int:
+        """Deliver whole chunks from the consumer's position while it has credit. As rabbit_stream_queue's
+        stream_entries: once the credit is above zero the next chunk is read and every record in it from
+        the consumer's start offset goes out, the credit going below zero if the chunk holds more (a
+        consumer with prefetch 1 receives a whole chunk: RabbitMQ 3.10 sent both of two messages published
+        back to back). The connection's high-water mark and the burst budget are checked between chunks."""
         sent = 0
         deliver = consumer.channel.deliver
         while sent < budget and consumer.can_take():
@@ -579,17 +583,15 @@ class StreamQueue:
             if reader.chunk >= len(seg.chunks):
                 if seg.next is None:
                     break
-                reader.segment, reader.chunk, reader.record = seg.next, 0, 0
+                reader.segment, reader.chunk = seg.next, 0
                 continue
             records = seg.chunks[reader.chunk].records
-            if records is None or reader.record >= len(records):
-                reader.chunk += 1
-                reader.record = 0
+            reader.chunk += 1
+            if records is None:
                 continue
-            rec = records[reader.record]
-            reader.record += 1
-            if rec.offset < reader.start:
-                continue
-            deliver(consumer, self, rec)
-            sent += 1
+            start = reader.start
+            for rec in records:
+                if rec.offset >= start:
+                    deliver(consumer, self, rec)
+                    sent += 1
         return sent
