@@ -46,6 +46,20 @@ def sample(port: int) -> dict[tuple[str, int], int]:
     return found
 
 
+def cmdline(pid: int) -> str:
+    """The process's command line, or "" once it is gone."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
+
+
+def received_now(port: int, marker: str) -> int:
+    """Bytes received so far, on their open sockets to `port`, by the processes whose command line contains
+    `marker` (one sample: take two to see what came in between)."""
+    return sum(n for (_local, pid), n in sample(port).items() if marker in cmdline(pid))
+
+
 class Sampler:
     """Calls `take()` every `interval` seconds in a thread, from `with` to its end (and once more then)."""
 
@@ -84,7 +98,7 @@ class ReceivedBytes(Sampler):
         super().__init__(interval)
         self.port = port
         self.sockets: dict[tuple[str, int], int] = {}
-        self.cmdlines: dict[int, str] = {0: ""}     # read when first seen: a process may be gone by the end
+        self.cmdlines: dict[int, str] = {}     # read when first seen: a process may be gone by the end
         self._lock = threading.Lock()
         self._events: subprocess.Popen | None = None
         self.sees_closes = False       # whether `ss -E` runs (see __enter__)
@@ -112,10 +126,7 @@ class ReceivedBytes(Sampler):
             self._count(key, n)
             pid = key[1]
             if pid not in self.cmdlines:
-                try:
-                    self.cmdlines[pid] = " ".join(psutil.Process(pid).cmdline())
-                except psutil.Error:
-                    self.cmdlines[pid] = ""
+                self.cmdlines[pid] = cmdline(pid)
 
     def _count(self, key: tuple[str, int], n: int) -> None:
         with self._lock:

@@ -178,11 +178,7 @@ class StreamLog:
             if last_arrival is not None and now - last_arrival > idle and (
                     now > deadline or all(seen.values())):
                 break
-        for ch in channels.values():
-            try:
-                ch.close()
-            except AMQPError:
-                pass
+        _close_quietly(channels.values())
         return seen
 
     def tails(self) -> dict[str, int | None]:
@@ -210,11 +206,7 @@ class StreamLog:
     def _watch(self, tails: dict) -> None:
         """Watches from `tails` (offset 0 for an empty stream: its first message wakes it). Without them
         (a channel refused or the connection lost) the next trigger probes again."""
-        for ch in self._watches.values():
-            try:
-                ch.close()
-            except AMQPError:
-                pass
+        _close_quietly(self._watches.values())
         self._watches = {}
         try:
             conn = self.connection()
@@ -262,6 +254,15 @@ class StreamLog:
             else:
                 out[s] = int(w)
         return out
+
+
+def _close_quietly(channels) -> None:
+    """Driver: close probe or watch channels; one already gone is closed either way."""
+    for ch in channels:
+        try:
+            ch.close()
+        except AMQPError:
+            pass
 
 
 def split_ranges(start: dict, end: dict, min_partitions: int | None) -> list[StreamRange]:

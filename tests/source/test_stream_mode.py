@@ -11,13 +11,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pika
-import psutil
+
 
 from source_helpers import Collector, checkpoint, needs_admission_control, run_available_now, stream
 from waiting import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from socket_bytes import ReceivedBytes, sample  # noqa: E402  (bench/: the stream benchmark measures the same way)
+from socket_bytes import ReceivedBytes, received_now  # noqa: E402  (bench/: the stream benchmark measures the same way)
 
 
 def _rows_of(sink) -> list[tuple[str, int, bytes]]:
@@ -74,18 +74,6 @@ def test_latest_start_reads_only_what_is_published_after_the_query_started(spark
     assert [bytes(r.body) for r in sink.rows] == [f"new{i}".encode() for i in range(5)]
 
 
-def _received_by_the_driver(port: int) -> int:
-    """Bytes the driver's source process has received so far on its connections to `port` (kernel counts)."""
-    total = 0
-    for (_local, pid), n in sample(port).items():
-        try:
-            if "streaming_source_runner" in " ".join(psutil.Process(pid).cmdline()):
-                total += n
-        except psutil.Error:
-            pass
-    return total
-
-
 @needs_admission_control
 def test_an_idle_stream_query_does_not_read_the_stream_on_every_trigger(spark, env, tmp_path):
     """The driver learns where a stream ends by reading its last chunk. While nothing new arrives, a consumer
@@ -100,9 +88,9 @@ def test_an_idle_stream_query_does_not_read_the_stream_on_every_trigger(spark, e
     wait_until(lambda: query.recentProgress or query.exception(), 60, interval=0.1, message="a first trigger")
     time.sleep(1.0)
     port = urlparse(env.url).port or 5672
-    before = _received_by_the_driver(port)
+    before = received_now(port, "streaming_source_runner")
     time.sleep(3.0)
-    idle = _received_by_the_driver(port) - before
+    idle = received_now(port, "streaming_source_runner") - before
     env.publish(s, ["new"])
     wait_until(lambda: sink.rows or query.exception(), 30, interval=0.1, message="the new row")
     query.stop()
