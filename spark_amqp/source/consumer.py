@@ -11,6 +11,7 @@ redelivers them, which is the at-least-once promise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -357,6 +358,13 @@ class QueueConsumer:
                 log.warning("AMQP source: lost channel for %s while changing its prefetch (%s); reconnecting",
                             q.name, exc)
                 self._drop(q)
+
+    def reading_paused(self):
+        """Driver: a block in which the connection's reader thread leaves the socket alone
+        (`Connection.reading_paused`), for work on deliveries already taken; nothing if not connected."""
+        if self.conn is None or not self.conn.is_open:
+            return contextlib.nullcontext()
+        return self.conn.reading_paused()
 
     def pending(self) -> int:
         """Deliveries received and not yet in a batch."""

@@ -23,6 +23,7 @@ saw), so that a batch number is never reused across restarts of the query.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -181,9 +182,27 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             self._replayed(batch.count)
         if self._handoff is None and self._probe is not None and self._probe.answered():
             self._local_mode_found()
+        if record_batch is None and not batch.count:
+            return []
+        with self._building():
+            return self._partitions_of(seq, batch, record_batch)
+
+    def _building(self):
+        """Driver: the block in which `partitions()` builds a batch already taken: the consumer's reader
+        thread pauses (`QueueConsumer.reading_paused`), so that the build has the GIL to itself while Spark
+        waits for it. The next deliveries wait in the socket meanwhile, and the reader catches up while
+        Spark runs the batch's tasks. In the read benchmark (1,000,000 x 100 B, embedded broker, queries
+        alternating in one Spark session) `addBatch` went from 3.2-3.3 to 2.7-2.9 s and the rate from
+        166,411-175,349 to 175,738-186,335 msg/s. Not with files on a remote filesystem (`handoffPath`
+        s3://, hdfs://, ...): there the build waits on the network, and the reader should read meanwhile."""
+        if self._consumer is None or (self._handoff is not None and not self._handoff.local):
+            return contextlib.nullcontext()
+        return self._consumer.reading_paused()
+
+    def _partitions_of(self, seq: int, batch: Batch | None, record_batch) -> list:
+        """Driver: batch `seq` (taken from the broker, or its `record_batch` from the journal) as Arrow
+        partitions: handoff files, or the rows inside the partitions."""
         if record_batch is None:
-            if not batch.count:
-                return []
             if batch.handed_off and (self._handoff is None or seq not in self._handoff.files):
                 raise RuntimeError(f"AMQP source: batch {seq} was handed off as files, and they are gone; "
                                    "restart the query (its deliveries go back to the queue)")

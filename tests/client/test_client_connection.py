@@ -280,3 +280,44 @@ def test_connection_that_never_published_is_not_blocked():
 
             wait_until(drained, message="connection.unblocked")
             assert blocked is None
+
+
+def _queue_of(conn, unique_name, count: int) -> str:
+    """A queue holding `count` messages, published and confirmed on a channel of its own."""
+    publisher = conn.channel()
+    publisher.confirm_select()
+    q = publisher.queue_declare(unique_name(), exclusive=True).name
+    for i in range(count):
+        publisher.publish("", q, b"m%d" % i)
+    publisher.wait_for_confirms(timeout=5)
+    return q
+
+
+def test_reading_paused_leaves_deliveries_in_the_socket_until_the_block_ends(connect, unique_name):
+    """While the block runs, what the broker sends stays in the socket; at its end it is all read."""
+    conn = connect()
+    q = _queue_of(conn, unique_name, 200)
+    ch = conn.channel()
+    with conn.reading_paused(most=5):
+        ch.basic_consume(q, nowait=True)    # no consume-ok to wait for: the reader is paused
+        time.sleep(0.5)                     # the broker has sent them all by now (control: below)
+        assert ch.pending_deliveries == 0
+    wait_until(lambda: ch.pending_deliveries == 200, timeout=5)
+    deliveries = ch.get_deliveries(200)
+    assert [d.body for d in deliveries] == [b"m%d" % i for i in range(200)]
+
+
+@pytest.mark.parametrize("heartbeat, most, bound", [(0, 0.3, 0.3), (1, 10, 0.25)],
+                         ids=["its own bound", "a quarter of the heartbeat"])
+def test_a_pause_ends_by_itself_at_its_bound(connect, unique_name, heartbeat, most, bound):
+    """A block that outlasts the pause's bound finds the reader reading again: a pause never starves the
+    heartbeats or the broker for long."""
+    conn = connect(heartbeat=heartbeat)
+    q = _queue_of(conn, unique_name, 50)
+    ch = conn.channel()
+    with conn.reading_paused(most=most):
+        t0 = time.monotonic()
+        ch.basic_consume(q, nowait=True)
+        wait_until(lambda: ch.pending_deliveries == 50, timeout=5)
+        elapsed = time.monotonic() - t0
+    assert bound - 0.05 <= elapsed < bound + 1.0, elapsed
