@@ -122,12 +122,17 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         journalPath, its rows are written durably now (the file every later attempt is served from)."""
         if self._journal is None:
             return
-        record_batch = arrow_rows.to_record_batch(batch.deliveries)
-        keys = batch_keys(record_batch, batch.deliveries)
-        at = 0
-        for part in batch.parts:
-            part.keys = keys[at:at + len(part.deliveries)]
-            at += len(part.deliveries)
+        # The build is Python work on deliveries already taken, so the reader thread pauses (as in
+        # `_building`); the write and its fsync are not. In the read benchmark with --journal (1,000,000 x
+        # 100 B, embedded broker, alternating) `latestOffset` went from 5.5-5.6 to 4.8-4.9 s and the rate
+        # from 112,835-114,638 to 118,454-122,194 msg/s.
+        with self._consumer.reading_paused():
+            record_batch = arrow_rows.to_record_batch(batch.deliveries)
+            keys = batch_keys(record_batch, batch.deliveries)
+            at = 0
+            for part in batch.parts:
+                part.keys = keys[at:at + len(part.deliveries)]
+                at += len(part.deliveries)
         self._journal.record(batch.seq, record_batch, keys, self._consumer.generation)
         self._built[batch.seq] = record_batch
 
