@@ -197,8 +197,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         thread pauses (`QueueConsumer.reading_paused`), so that the build has the GIL to itself while Spark
         waits for it. The next deliveries wait in the socket meanwhile, and the reader catches up while
         Spark runs the batch's tasks. In the read benchmark (1,000,000 x 100 B, embedded broker, queries
-        alternating in one Spark session) `addBatch` went from 3.2-3.3 to 2.7-2.9 s and the rate from
-        166,411-175,349 to 175,738-186,335 msg/s. Not with files on a remote filesystem (`handoffPath`
+        alternating in one Spark session) `addBatch` went from 3.0-3.2 to 2.5-2.9 s and the rate from
+        167,168-183,102 to 176,702-190,801 msg/s. Not with files on a remote filesystem (`handoffPath`
         s3://, hdfs://, ...): there the build waits on the network, and the reader should read meanwhile."""
         if self._consumer is None or (self._handoff is not None and not self._handoff.local):
             return contextlib.nullcontext()
