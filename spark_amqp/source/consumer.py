@@ -304,7 +304,7 @@ class QueueConsumer:
                 for key in claimed:
                     self.journal.release(key)   # comes back again, and is matched again
             else:
-                self.journal.acked(claimed)
+                self.journal.acked_copies(claimed)
         return kept
 
     def _acks_taken(self, channel, queue: str) -> None:
@@ -403,14 +403,13 @@ class QueueConsumer:
         highest: dict = {}
         queue_of: dict = {}
         count = 0
-        parts = []
+        live_parts = {}
         for s in done:
             batch = self.batches.pop(s)
-            for part in batch.parts:
-                if part.channel.is_open:
-                    highest[part.channel] = max(part.last_tag, highest.get(part.channel, 0))
-                    queue_of[part.channel] = part.queue
-                    parts.append((s, part))
+            live_parts[s] = (batch, [part for part in batch.parts if part.channel.is_open])
+            for part in live_parts[s][1]:
+                highest[part.channel] = max(part.last_tag, highest.get(part.channel, 0))
+                queue_of[part.channel] = part.queue
             count += batch.count
         failed = set()
         for channel, tag in highest.items():
@@ -423,9 +422,10 @@ class QueueConsumer:
                 log.warning("AMQP source: could not ack through batch %s, or not learn that the broker took "
                             "the acks (%s); it will redeliver what it did not take", seq, exc)
         if self.journal is not None:
-            for s, part in parts:
-                if part.channel not in failed and part.keys:
-                    self.journal.acked(part.keys, seq=s)
+            for s, (batch, live) in live_parts.items():
+                acked = [part for part in live if part.channel not in failed]
+                self.journal.acked_batch(s, [part.keys for part in acked if part.keys],
+                                         whole=len(acked) == len(batch.parts))
         return count
 
     def ready_count(self) -> int:

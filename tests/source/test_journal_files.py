@@ -1,12 +1,15 @@
 """The journal's files across runs (journalPath), on a real directory, without a broker: what an earlier
-run left is read back, and what it left half-written goes."""
+run left is read back, and what it left half-written goes; and how redelivered copies are matched and
+counted before a batch's file goes (the end-to-end faults are in test_faults.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from spark_amqp.client.events import Delivery
+from spark_amqp.codec import properties
 from spark_amqp.schema import ARROW_SCHEMA
-from spark_amqp.source.journal import BatchJournal
+from spark_amqp.source.journal import BatchJournal, delivery_key
 
 
 def _rows(n: int) -> pa.RecordBatch:
@@ -28,3 +31,101 @@ def test_a_batch_file_a_killed_run_left_unfinished_is_removed_at_load(tmp_path):
     assert second.uncommitted() == [7]
     assert second.rows(7).column("body").to_pylist() == [b"m0", b"m1", b"m2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"batch-{7:020d}.arrow", "notes.tmp"]
+
+
+def _copy(message_id: str) -> Delivery:
+    """A redelivered message with this message_id, as the client hands it over."""
+    d = Delivery(None, "ctag", 1, True, "", "q")
+    d.properties_raw = properties.encode({"message_id": message_id})
+    return d
+
+
+def _key(message_id: str) -> bytes:
+    return delivery_key("q", _copy(message_id), message_id)
+
+
+def _files(path) -> list[str]:
+    return sorted(p.name.split("-")[0] for p in path.iterdir())
+
+
+def test_redelivered_copies_are_counted_per_key_and_a_file_goes_once_every_message_is_acked(tmp_path):
+    journal = BatchJournal(str(tmp_path))
+    journal.load()
+    a, b, d = _key("a"), _key("b"), _key("d")
+    # Batch 0 came on connection 1, which was lost before its acks: its messages come back redelivered.
+    journal.record(0, _rows(3), [a, a, b], generation=1)
+    assert journal.claim("q", _copy("a")) == a
+    assert journal.claim("q", _copy("b")) == b
+    assert journal.claim("q", _copy("c")) is None           # never journaled: a row of the batch taking it
+    journal.acked_copies([a, b])
+    # Batch 0 is committed (served from its file) and still waits for a's second copy: the file stays,
+    # marked committed so that no later run serves it again.
+    assert journal.settle(0) == []
+    assert _files(tmp_path) == ["committed"]
+    assert journal.uncommitted() == []
+    # The second copy's ack fails: it is released, comes again and is matched again; a third is not.
+    assert journal.claim("q", _copy("a")) == a
+    journal.release(a)
+    assert journal.claim("q", _copy("a")) == a
+    assert journal.claim("q", _copy("a")) is None
+    journal.acked_copies([a])
+    assert journal.settle(0) == [0]
+    assert _files(tmp_path) == []
+
+    # Batch 1 on connection 2, whose acks are in doubt; a queue's first delivery on connection 3 that is not
+    # redelivered shows that every copy released earlier has come: batch 1 waits for nothing more.
+    journal.record(1, _rows(1), [d], generation=2)
+    journal.expire(3)
+    assert journal.claim("q", _copy("d")) is None
+    assert journal.settle(1) == [1]
+
+    # Batch 2 on the live connection 3, acked whole at its commit: no copy of it is expected any more.
+    journal.record(2, _rows(2), [a, d], generation=3)
+    journal.acked_batch(2, [[a], [d]], whole=True)
+    assert journal.claim("q", _copy("a")) is None
+    assert journal.settle(2) == [2]
+    assert _files(tmp_path) == []
+
+
+def test_a_batch_acked_in_part_keeps_its_file_for_the_copies_of_the_rest(tmp_path):
+    journal = BatchJournal(str(tmp_path))
+    journal.load()
+    a, b = _key("a"), _key("b")
+    # Two channels: the part on the channel that failed at the ack is redelivered.
+    journal.record(0, _rows(2), [a, b], generation=1)
+    journal.acked_batch(0, [[a]], whole=False)
+    assert journal.settle(0) == []
+    assert journal.claim("q", _copy("a")) is None
+    assert journal.claim("q", _copy("b")) == b
+    journal.acked_copies([b])
+    assert journal.settle(0) == [0]
+    assert _files(tmp_path) == []
+
+
+def test_copies_of_a_message_in_two_batches_count_for_each_batch_in_turn(tmp_path):
+    journal = BatchJournal(str(tmp_path))
+    journal.load()
+    a = _key("a")
+    # Batches 0 and 1 each hold a message `a` (two equal messages are two) and came on the lost connection 1.
+    journal.record(0, _rows(1), [a], generation=1)
+    journal.record(1, _rows(1), [a], generation=1)
+    assert journal.claim("q", _copy("a")) == a
+    assert journal.claim("q", _copy("a")) == a
+    journal.acked_copies([a])                  # the first copy's ack counts for batch 0, whose file goes
+    assert journal.settle(1) == [0]
+    journal.release(a)                         # the second copy's ack failed: it comes again, still matched
+    assert journal.claim("q", _copy("a")) == a
+    journal.acked_copies([a])
+    assert journal.settle(1) == [1]
+    assert _files(tmp_path) == []
+
+
+def test_copies_acked_together_count_for_each_batch_that_holds_their_key(tmp_path):
+    journal = BatchJournal(str(tmp_path))
+    journal.load()
+    a = _key("a")
+    journal.record(0, _rows(1), [a], generation=1)
+    journal.record(1, _rows(1), [a], generation=1)
+    assert [journal.claim("q", _copy("a")) for _ in range(3)] == [a, a, None]
+    journal.acked_copies([a, a])
+    assert journal.settle(1) == [0, 1]
