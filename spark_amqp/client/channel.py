@@ -46,6 +46,31 @@ class QueueInfo(NamedTuple):
     consumer_count: int
 
 
+def _queue_info(ok: commands.Queue.DeclareOk) -> QueueInfo:
+    return QueueInfo(ok.queue, ok.message_count, ok.consumer_count)
+
+
+class LaterReply:
+    """The reply to an RPC sent by `Channel._rpc_later`, taken when it is needed."""
+
+    def __init__(self, channel: "Channel", method):
+        self.channel = channel
+        self.method = method
+        self.reply = None
+        self.error: AMQPError | None = None
+        self.convert = lambda reply: reply
+
+    def wait(self, timeout: float | None = None):
+        """The reply, waiting for it at most `timeout` seconds (the connection's rpc_timeout if None);
+        raises the AMQPError that ended the wait (the channel closed, or no reply in time)."""
+        with self.channel._rpc_lock:
+            if self.channel._later is self:
+                self.channel._finish_later(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.convert(self.reply)
+
+
 class Channel:
     """An open AMQP channel. Methods raise `ChannelClosedError` / `ConnectionClosedError` once closed."""
 
@@ -56,6 +81,7 @@ class Channel:
         self._rpc_lock = threading.Lock()
         self._rpc_expect: tuple | None = None
         self._rpc_result = None
+        self._later: LaterReply | None = None     # an RPC sent by _rpc_later whose reply is not yet taken
         self._error: AMQPError | None = None
         self._opened = False
         # consuming
@@ -109,27 +135,53 @@ class Channel:
     # ---------------------------------------------------------------------------------------- RPCs
 
     def _rpc(self, method, expect: tuple, timeout: float | None = None):
-        timeout = self.connection.rpc_timeout if timeout is None else timeout
         with self._rpc_lock:
-            with self._cond:
+            self._finish_later()
+            self._rpc_send(method, expect)
+            return self._rpc_wait(method, timeout)
+
+    def _rpc_later(self, method, expect: tuple) -> "LaterReply":
+        """Send an RPC and return at once; its reply is waited for by `LaterReply.wait`, or by the
+        channel's next RPC, which comes after it on the wire."""
+        with self._rpc_lock:
+            self._finish_later()
+            self._rpc_send(method, expect)
+            self._later = LaterReply(self, method)
+            return self._later
+
+    def _finish_later(self, timeout: float | None = None) -> None:
+        """Under `_rpc_lock`: wait for the reply to the RPC sent by `_rpc_later`, if any, into its
+        `LaterReply`."""
+        later, self._later = self._later, None
+        if later is not None:
+            try:
+                later.reply = self._rpc_wait(later.method, timeout)
+            except AMQPError as exc:
+                later.error = exc
+
+    def _rpc_send(self, method, expect: tuple) -> None:
+        with self._cond:
+            if self._error is not None:
+                raise self._error.fresh()
+            self._rpc_expect, self._rpc_result = expect, None
+        self.connection._send(frames.method_frame(self.number, method))
+
+    def _rpc_wait(self, method, timeout: float | None):
+        timeout = self.connection.rpc_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._rpc_result is None:
                 if self._error is not None:
+                    self._rpc_expect = None
                     raise self._error.fresh()
-                self._rpc_expect, self._rpc_result = expect, None
-            self.connection._send(frames.method_frame(self.number, method))
-            deadline = time.monotonic() + timeout
-            with self._cond:
-                while self._rpc_result is None:
-                    if self._error is not None:
-                        self._rpc_expect = None
-                        raise self._error.fresh()
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        self._rpc_expect = None
-                        break
-                    self._cond.wait(remaining)
-                else:
-                    result, self._rpc_result, self._rpc_expect = self._rpc_result, None, None
-                    return result
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._rpc_expect = None
+                    break
+                self._cond.wait(remaining)
+            else:
+                result, self._rpc_result, self._rpc_expect = self._rpc_result, None, None
+                return result
         error = AMQPTimeoutError(f"no reply to {method.name} on channel {self.number} of "
                                  f"{self.connection.uri} within {timeout} s")
         self._poison(error)
@@ -168,7 +220,17 @@ class Channel:
         ok = self._rpc(methods.unchecked(commands.Queue.Declare, queue=queue, passive=passive, durable=durable,
                              exclusive=exclusive, auto_delete=auto_delete, arguments=arguments or {}),
                        (commands.Queue.DeclareOk,))
-        return QueueInfo(ok.queue, ok.message_count, ok.consumer_count)
+        return _queue_info(ok)
+
+    def queue_declare_later(self, queue: str) -> "LaterReply":
+        """A passive queue.declare sent now, its reply taken later: `wait()` returns its QueueInfo (or
+        raises as `queue_declare` would). Since a channel's replies come in order, its answer shows that the
+        broker has handled everything sent on the channel before it, acks included, without waiting for
+        that now behind the deliveries the broker sends meanwhile."""
+        later = self._rpc_later(methods.unchecked(commands.Queue.Declare, queue=queue, passive=True),
+                                (commands.Queue.DeclareOk,))
+        later.convert = _queue_info
+        return later
 
     def queue_bind(self, queue: str, exchange: str, routing_key: str = "",
                    arguments: dict | None = None) -> None:

@@ -123,6 +123,7 @@ class QueueConsumer:
         self.channels_per_queue = -(-self.default_prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
+        self._acks_unconfirmed: list = []   # journal: (seq, parts, failed channels, answers) per ack_through
         self.consuming = False      # consumers started (connect() or the first take())
         self.taken: dict[str, int] = {}     # deliveries taken into batches so far, per queue
         self._ready: dict[str, tuple[int, int]] = {}   # per queue: (broker's ready count, received then)
@@ -396,7 +397,10 @@ class QueueConsumer:
         q.channels = []
 
     def ack_through(self, seq: int) -> int:
-        """Ack every batch numbered <= seq (Spark committed them). Returns the number of messages acked."""
+        """Ack every batch numbered <= seq (Spark committed them). Returns the number of messages acked.
+        With the journal, the round trip behind the acks (see `_acks_taken`) is sent here and its answer
+        taken by `confirm_acks`, at the next commit: by then the answer has come behind the deliveries the
+        broker sent meanwhile, which waiting for it here would have the driver parse first."""
         done = sorted(s for s in self.batches if s <= seq)
         if not done:
             return 0
@@ -412,21 +416,37 @@ class QueueConsumer:
                 queue_of[part.channel] = part.queue
             count += batch.count
         failed = set()
+        answers = {}
         for channel, tag in highest.items():
             try:
                 channel.basic_ack(tag, multiple=True)
                 if self.journal is not None:
-                    self._acks_taken(channel, queue_of[channel])
+                    answers[channel] = channel.queue_declare_later(queue_of[channel])
             except AMQPError as exc:
                 failed.add(channel)
-                log.warning("AMQP source: could not ack through batch %s, or not learn that the broker took "
-                            "the acks (%s); it will redeliver what it did not take", seq, exc)
+                log.warning("AMQP source: could not ack through batch %s (%s); it will redeliver what it did "
+                            "not take", seq, exc)
         if self.journal is not None:
+            self._acks_unconfirmed.append((seq, live_parts, failed, answers))
+        return count
+
+    def confirm_acks(self) -> None:
+        """Driver, journal only: take the answers to the round trips `ack_through` sent behind its acks and
+        tell the journal which batches' deliveries the broker took. A channel that closed before its
+        answer leaves its deliveries' keys expected: the broker redelivers what it did not take."""
+        for seq, live_parts, failed, answers in self._acks_unconfirmed:
+            for channel, answer in answers.items():
+                try:
+                    answer.wait()
+                except AMQPError as exc:
+                    failed.add(channel)
+                    log.warning("AMQP source: could not learn that the broker took the acks through batch %s "
+                                "(%s); it will redeliver what it did not take", seq, exc)
             for s, (batch, live) in live_parts.items():
                 acked = [part for part in live if part.channel not in failed]
                 self.journal.acked_batch(s, [part.keys for part in acked if part.keys],
                                          whole=len(acked) == len(batch.parts))
-        return count
+        self._acks_unconfirmed = []
 
     def ready_count(self) -> int:
         """Messages ready in the queues now plus those received and not yet in a batch. Exact before the

@@ -16,7 +16,9 @@ written some of them already (at-least-once). With it:
 - a file is removed once its batch is committed and every one of its messages was acked on a live
   channel: its own delivery, or the redelivered copy that was dropped. An ack counts once the broker has
   answered a round trip behind it on its channel (`QueueConsumer._acks_taken`): an ack written to a broker
-  killed a moment later raises nothing, and its message comes back after the restart.
+  killed a moment later raises nothing, and its message comes back after the restart. The answer behind a
+  commit's acks is taken at the next commit (`QueueConsumer.confirm_acks`), or when the query stops, so a
+  committed batch's file goes then.
 
 Where it runs: the driver, in the reader's `latestOffset` / `partitions` / `commit` (the Python process
 that owns the consumer). Paths: a local path, or any URI pyarrow's filesystems reach (`file://`, `s3://`,

@@ -89,6 +89,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._idle = True      # the last latestOffset planned nothing new
         self._backlog_asked = 0.0
         self._journal: BatchJournal | None = None
+        self._acks_sent_through = -1     # journal: the batches acked by the last _ack_through (answer due)
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
         self._handoff: HandoffDir | None = None   # handoffPath (or handoff=auto in local mode): files here
         self._probe: LocalModeProbe | None = None  # handoff=auto: asking whether the executors share our JVM
@@ -137,15 +138,20 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._built[batch.seq] = record_batch
 
     def _ack_through(self, seq: int) -> None:
-        """Driver: batches through `seq` are committed; ack them (and let the journal drop their files)."""
+        """Driver: batches through `seq` are committed; ack them. With the journal, the broker's answer behind
+        the acks is taken at the next call (`QueueConsumer.confirm_acks`), and the journal lets go of the
+        files of the batches acked through the last call."""
         consumer = self._consumer
+        if self._journal is not None:
+            consumer.confirm_acks()
         consumer.ack_through(seq)
         if self._journal is not None:
             for done in [s for s in self._built if s <= seq]:
                 del self._built[done]
             if len(consumer.fresh_in) == len(consumer.queues):
                 self._journal.expire(min(consumer.fresh_in.values()))
-            self._journal.settle(seq)
+            self._journal.settle(self._acks_sent_through)
+            self._acks_sent_through = seq
         if self._handoff is not None:
             self._handoff.committed(seq)
 
@@ -316,8 +322,13 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             self._probe.close()
             self._probe = None
         if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+            try:
+                if self._journal is not None:   # the last commit's acks: their files go if the broker took them
+                    self._consumer.confirm_acks()
+                    self._journal.settle(self._acks_sent_through)
+            finally:
+                self._consumer.close()
+                self._consumer = None
 
     # --- executors -----------------------------------------------------------------------------------
 

@@ -138,6 +138,41 @@ def test_queue_declare_counts_purge_delete(channel, unique_name):
     assert "NOT_FOUND" in info.value.reply_text
 
 
+def test_a_later_declare_is_answered_in_channel_order_and_taken_when_needed(connect, unique_name):
+    """queue_declare_later returns at once; the channel's next RPC takes its reply first (replies come in
+    order), and wait() gives it then, or waits for it itself."""
+    ch = connect().channel()
+    first, second = unique_name(), unique_name()
+    ch.queue_declare(first, exclusive=True)
+    ch.queue_declare(second, exclusive=True)
+    for _ in range(3):
+        ch.publish("", first, b"m")
+    assert wait_until(lambda: ch.queue_declare(first, passive=True).message_count == 3)
+    later = ch.queue_declare_later(first)
+    assert ch.queue_declare(second, passive=True) == (second, 0, 0)
+    assert later.wait() == (first, 3, 0)
+    assert later.wait() == (first, 3, 0)
+    assert ch.queue_declare_later(second).wait() == (second, 0, 0)
+
+
+def test_a_later_declare_of_a_missing_queue_raises_when_its_reply_is_taken(connect, unique_name):
+    conn = connect()
+    ch = conn.channel()
+    later = ch.queue_declare_later(unique_name())       # nothing waited for, nothing raised yet
+    with pytest.raises(ChannelClosedError) as info:
+        later.wait()
+    assert info.value.reply_code == 404 and "NOT_FOUND" in info.value.reply_text
+    assert not ch.is_open and conn.is_open
+    # Taken by the next RPC instead: that RPC finds the channel closed, and wait() gives the 404.
+    ch = conn.channel()
+    later = ch.queue_declare_later(unique_name())
+    with pytest.raises(ChannelClosedError):
+        ch.queue_declare(unique_name(), exclusive=True)
+    with pytest.raises(ChannelClosedError) as info:
+        later.wait()
+    assert info.value.reply_code == 404
+
+
 def test_channel_error_leaves_the_connection_usable(connect, unique_name):
     conn = connect()
     ch = conn.channel()
