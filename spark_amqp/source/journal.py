@@ -62,8 +62,8 @@ def delivery_key(queue: str, delivery, message_id: str | None) -> bytes:
     """The key a redelivered copy is matched by (see the module's docstring)."""
     if message_id:
         return b"m" + queue.encode() + b"\0" + message_id.encode()
-    return _fingerprint(_fingerprint_head(queue, delivery.exchange, delivery.routing_key, delivery.properties_raw),
-                        delivery.body)
+    head = _fingerprint_head(queue, delivery.exchange, delivery.routing_key, delivery.properties_raw)
+    return _fingerprint(head, delivery.body)
 
 
 def redelivered_key(queue: str, delivery) -> bytes:
@@ -208,6 +208,7 @@ class BatchJournal:
         return own - found if found else +own
 
     def _expected(self, key: bytes) -> int:
+        """How many more redelivered copies of `key` are to be dropped (zero or less: none)."""
         return sum(own[key] for own in self.own.values() if key in own) + self.adjusted[key]
 
     def _clamp(self) -> None:
