@@ -5,6 +5,7 @@ counted before a batch's file goes (the end-to-end faults are in test_faults.py)
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from spark_amqp.client.events import Delivery
 from spark_amqp.codec import properties
@@ -33,6 +34,14 @@ def test_a_batch_file_a_killed_run_left_unfinished_is_removed_at_load(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"batch-{7:020d}.arrow", "notes.tmp"]
 
 
+@pytest.fixture
+def journal(tmp_path) -> BatchJournal:
+    """A new run's journal on an empty directory."""
+    journal = BatchJournal(str(tmp_path))
+    journal.load()
+    return journal
+
+
 def _copy(message_id: str) -> Delivery:
     """A redelivered message with this message_id, as the client hands it over."""
     d = Delivery(None, "ctag", 1, True, "", "q")
@@ -48,9 +57,7 @@ def _files(path) -> list[str]:
     return sorted(p.name.split("-")[0] for p in path.iterdir())
 
 
-def test_redelivered_copies_are_counted_per_key_and_a_file_goes_once_every_message_is_acked(tmp_path):
-    journal = BatchJournal(str(tmp_path))
-    journal.load()
+def test_redelivered_copies_are_counted_per_key_and_a_file_goes_once_every_message_is_acked(journal, tmp_path):
     a, b, d = _key("a"), _key("b"), _key("d")
     # Batch 0 came on connection 1, which was lost before its acks: its messages come back redelivered.
     journal.record(0, _rows(3), [a, a, b], generation=1)
@@ -87,9 +94,7 @@ def test_redelivered_copies_are_counted_per_key_and_a_file_goes_once_every_messa
     assert _files(tmp_path) == []
 
 
-def test_a_batch_acked_in_part_keeps_its_file_for_the_copies_of_the_rest(tmp_path):
-    journal = BatchJournal(str(tmp_path))
-    journal.load()
+def test_a_batch_acked_in_part_keeps_its_file_for_the_copies_of_the_rest(journal, tmp_path):
     a, b = _key("a"), _key("b")
     # Two channels: the part on the channel that failed at the ack is redelivered.
     journal.record(0, _rows(2), [a, b], generation=1)
@@ -102,9 +107,7 @@ def test_a_batch_acked_in_part_keeps_its_file_for_the_copies_of_the_rest(tmp_pat
     assert _files(tmp_path) == []
 
 
-def test_copies_of_a_message_in_two_batches_count_for_each_batch_in_turn(tmp_path):
-    journal = BatchJournal(str(tmp_path))
-    journal.load()
+def test_copies_of_a_message_in_two_batches_count_for_each_batch_in_turn(journal, tmp_path):
     a = _key("a")
     # Batches 0 and 1 each hold a message `a` (two equal messages are two) and came on the lost connection 1.
     journal.record(0, _rows(1), [a], generation=1)
@@ -120,9 +123,7 @@ def test_copies_of_a_message_in_two_batches_count_for_each_batch_in_turn(tmp_pat
     assert _files(tmp_path) == []
 
 
-def test_copies_acked_together_count_for_each_batch_that_holds_their_key(tmp_path):
-    journal = BatchJournal(str(tmp_path))
-    journal.load()
+def test_copies_acked_together_count_for_each_batch_that_holds_their_key(journal):
     a = _key("a")
     journal.record(0, _rows(1), [a], generation=1)
     journal.record(1, _rows(1), [a], generation=1)
