@@ -88,8 +88,7 @@ class HandoffDir:
             for index, record_batch in enumerate(slices):
                 path = self.file_path(seq, index)
                 with self.fs.open_output_stream(path) as out:
-                    with pa.ipc.new_stream(out, record_batch.schema) as writer:
-                        writer.write_batch(record_batch)
+                    arrow_rows.write(out, record_batch)
                 parts.append(FilePartition(self.base, path))
             self.files[seq] = parts
         return self.files[seq]

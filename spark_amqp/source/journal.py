@@ -157,12 +157,11 @@ class BatchJournal:
         """Write batch `seq`, received on connection number `generation`, durably (before Spark records
         its offset)."""
         table = record_batch.append_column(KEY_COLUMN, pa.array(keys, pa.binary()))
-        data = arrow_rows.serialize(table)
         final = self._file(seq)
         tmp = final + ".tmp"
         if self.local:
             with open(tmp, "wb") as fh:
-                fh.write(data)
+                arrow_rows.write(fh, table)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
@@ -173,7 +172,7 @@ class BatchJournal:
                 os.close(dir_fd)
         else:
             with self.fs.open_output_stream(tmp) as out:
-                out.write(data)
+                arrow_rows.write(out, table)
             self.fs.move(tmp, final)
         self._journaled(seq, keys, generation)
 
