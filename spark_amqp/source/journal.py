@@ -18,7 +18,7 @@ written some of them already (at-least-once). With it:
   answered a round trip behind it on its channel (`QueueConsumer._acks_taken`): an ack written to a broker
   killed a moment later raises nothing, and its message comes back after the restart. The answer behind a
   commit's acks is taken at the next commit (`QueueConsumer.confirm_acks`), or when the query stops, so a
-  committed batch's file goes then.
+  committed batch's file goes then (on PySpark 4.0/4.1 each commit waits for it instead).
 
 Where it runs: the driver, in the reader's `latestOffset` / `partitions` / `commit` (the Python process
 that owns the consumer). Paths: a local path, or any URI pyarrow's filesystems reach (`file://`, `s3://`,

@@ -81,6 +81,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
     """What both API generations share: the driver's consumer, the backlog, partitions, commit and stop."""
 
     SIZED_START = True      # QueueConsumer's sized_start: a small first prefetch until sizes are known
+    ACKS_ANSWERED_LATER = True  # journal: the answer behind a commit's acks is taken at the next commit
 
     def __init__(self, options):
         self.options = options
@@ -139,13 +140,16 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def _ack_through(self, seq: int) -> None:
         """Driver: batches through `seq` are committed; ack them. With the journal, the broker's answer behind
-        the acks is taken at the next call (`QueueConsumer.confirm_acks`), and the journal lets go of the
-        files of the batches acked through the last call."""
+        the acks is taken at the next call (`QueueConsumer.confirm_acks`; at once if not
+        ACKS_ANSWERED_LATER), and the journal lets go of the files of the batches whose acks it answered."""
         consumer = self._consumer
         if self._journal is not None:
             consumer.confirm_acks()
         consumer.ack_through(seq)
         if self._journal is not None:
+            if not self.ACKS_ANSWERED_LATER:
+                consumer.confirm_acks()
+                self._acks_sent_through = seq
             for done in [s for s in self._built if s <= seq]:
                 del self._built[done]
             if len(consumer.fresh_in) == len(consumer.queues):
@@ -352,6 +356,10 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
     calls `latestOffset()` once more (the wrapper does), else it is redelivered to the next run."""
 
     SIZED_START = False     # under availableNow the first batch is the whole run: it must be full-sized
+    # A restart on these versions may serve a committed batch's file that still has its uncommitted name
+    # (README, journalPath's limits), so each commit waits for the broker's answer behind its acks and the
+    # journal renames or removes the batch's file at once, as before the answer was taken later.
+    ACKS_ANSWERED_LATER = False
 
     def __init__(self, options):
         super().__init__(options)

@@ -247,8 +247,7 @@ def test_acks_a_killed_broker_never_read_are_not_counted_done(tmp_path):
     directory, is stopped (SIGSTOP) while the source commits a journaled batch, so its acks go into a
     socket the broker never reads; then it is killed (-9) and restarted. Writing the acks raised nothing,
     and the broker never answered behind them: the batch's five messages stay expected, their redelivered
-    copies are dropped, the next batch holds the other five, and once it commits (and the query stops) the
-    journal is empty."""
+    copies are dropped, the next batch holds the other five, and once it commits the journal is empty."""
     broker = DataDirBroker(tmp_path / "data")
     url, q = broker.url, "faults-unread-acks"
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -285,8 +284,8 @@ def test_acks_a_killed_broker_never_read_are_not_counted_done(tmp_path):
                             message="a batch after the restart")
         assert bodies(first, second) == [f"u{i}".encode() for i in range(5, 10)]
         reader.commit(second)
-        # The broker's answer behind this commit's acks is taken at the next commit, or when the query stops.
-        reader.stop()
+        # PySpark 4.0/4.1's reader waits at each commit for the broker's answer behind its acks (a restart
+        # may serve a file still named uncommitted), so the file is gone already.
         assert sorted(p.name for p in journal.iterdir()) == []
     finally:
         reader.stop()
