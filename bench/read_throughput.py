@@ -118,10 +118,12 @@ def client_drain(url: str, queue: str, n: int) -> float:
 
 
 def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
-    """The source's consumer without Spark: batches of half the prefetch, each acked when the next is taken
-    (as `latestOffset` acks the committed batch before planning the next), `pause` s between batches."""
+    """The source's consumer without Spark: batches of half the prefetch, filled as the source fills its
+    availableNow batches, each acked when the next is taken (as `latestOffset` acks the committed batch
+    before planning the next), `pause` s between batches."""
     from spark_amqp.options import parse
     from spark_amqp.source.consumer import QueueConsumer
+    from spark_amqp.source.stream_reader import AVAILABLE_NOW_FILL, AVAILABLE_NOW_IDLE, FILL_WAIT
     consumer = QueueConsumer(parse({"uri": url, "queue": queue}, "source"), sized_start=True)
     consumer.connect(consume=False)
     try:
@@ -131,7 +133,8 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
             seq += 1
             consumer.ack_through(seq - 1)
             cap = consumer.batch_count(max(1, consumer.prefetch // 2))
-            consumer.wait_pending(cap, 1.0)
+            if consumer.wait_pending(1, FILL_WAIT):       # as the source's availableNow batches fill
+                consumer.wait_pending(cap, AVAILABLE_NOW_FILL, idle=AVAILABLE_NOW_IDLE)
             batch = consumer.take(seq, cap)
             if not batch.count and not consumer.wait_pending(1, 10):
                 raise SystemExit(f"batched drain: stalled after {got} of {n} messages")

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from chispa import assert_df_equality
 
+from proxies import Proxy
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
+from spark_amqp.options import parse
+from spark_amqp.source import stream_reader
 from waiting import wait_until
 
 
@@ -58,6 +64,41 @@ def test_available_now_reads_a_backlog_larger_than_a_batch_in_one_run(spark, env
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     assert rows == total, f"one availableNow run read {rows} rows of a backlog of {total}"
     assert env.state(q) == (0, 0)
+
+
+@needs_admission_control
+def test_an_available_now_batch_keeps_filling_across_a_pause_of_the_broker(env):
+    """The driver's side alone, called as Spark calls it (no Spark here): the deliveries of an availableNow
+    run's first batch (8,000 x 4 KB) stop for 0.3 s part way, the link to the broker frozen, as RabbitMQ
+    stops sending while its queue process collects garbage. The batch is planned whole once they resume,
+    not cut at the pause: a backlog goes through Spark in full batches, each costing Spark its fixed ~0.3 s
+    once (1,000,000 messages on RabbitMQ went in 56-58 batches when a 0.1 s gap ended one)."""
+    q = env.queue("fillpause")
+    env.publish_bulk(q, [b"x" * 4096] * 8000)
+    with Proxy.to(env.url) as proxy:
+        reader = stream_reader.QueueStreamReader(
+            parse({"uri": proxy.url_for(env.url), "queue": q, "prefetch": "16000"}, "source"))
+        paused = threading.Event()
+
+        def pause_once():
+            wait_until(lambda: reader._consumer.pending() > 0, 30, interval=0.001, message="the first deliveries")
+            proxy.freeze()
+            time.sleep(0.3)
+            proxy.thaw()
+            paused.set()
+
+        try:
+            start = reader.initialOffset()
+            reader.prepareForTriggerAvailableNow()
+            pausing = threading.Thread(target=pause_once, daemon=True)
+            pausing.start()
+            end = reader.latestOffset(start, stream_reader.ReadAllAvailable())
+            pausing.join(30)
+            assert paused.is_set(), "the link was never frozen"
+            sizes = [len(p.deliveries) for p in reader._consumer.batches[end["seq"]].parts]
+            assert sum(sizes) == 8000, f"the batch was cut at the broker's pause: {sum(sizes)} of 8,000"
+        finally:
+            reader.stop()
 
 
 def test_two_queues_in_one_query(spark, env, tmp_path):
