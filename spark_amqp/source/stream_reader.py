@@ -69,10 +69,11 @@ FILL_WAIT = 1.0
 # An availableNow batch, once its first deliveries are here, waits up to AVAILABLE_NOW_FILL seconds for the
 # rest while they keep arriving, up to AVAILABLE_NOW_IDLE seconds apart. RabbitMQ pauses its deliveries for
 # 0.1-1.8 s while the source holds a batch (its queue process collecting garbage: README, Performance), and
-# a gap of 0.1 s ended the batch: 1,000,000 x 100 B went in 56-58 batches of 1,000-100,000. With these
-# bounds, 15 batches, the JVM's CPU per message fell from 12.2-13.5 to 4.6-5.2 µs, and the source read
-# 23,828-24,200 msg/s against 20,772-20,851 (alternating, one Spark session, a slow machine: ceiling
-# 29,386). The run's last batch fills as soon as its count is in, so the wait costs a drain nothing.
+# a gap of 0.1 s ended the batch: 1,000,000 x 100 B went in 56-58 batches of 25-100,000 rows. With a 4 s
+# bound and this gap, 15 batches, the JVM's CPU per message fell from 12.2-13.5 to 4.6-5.2 µs, and the
+# source read 23,828-24,200 msg/s against 20,772-20,851 (alternating, one Spark session, a slow machine:
+# ceiling 29,386); with 5 s, 16 batches in the read benchmark. The run's last batch fills as soon as its
+# count is in, so the wait costs a drain nothing.
 AVAILABLE_NOW_FILL = 5.0
 AVAILABLE_NOW_IDLE = 0.5
 
