@@ -123,7 +123,7 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
     before planning the next), `pause` s between batches."""
     from spark_amqp.options import parse
     from spark_amqp.source.consumer import QueueConsumer
-    from spark_amqp.source.stream_reader import AVAILABLE_NOW_FILL, AVAILABLE_NOW_IDLE, FILL_WAIT
+    from spark_amqp.source.stream_reader import wait_to_fill
     consumer = QueueConsumer(parse({"uri": url, "queue": queue}, "source"), sized_start=True)
     consumer.connect(consume=False)
     try:
@@ -133,8 +133,7 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
             seq += 1
             consumer.ack_through(seq - 1)
             cap = consumer.batch_count(max(1, consumer.prefetch // 2))
-            if consumer.wait_pending(1, FILL_WAIT):       # as the source's availableNow batches fill
-                consumer.wait_pending(cap, AVAILABLE_NOW_FILL, idle=AVAILABLE_NOW_IDLE)
+            wait_to_fill(consumer, cap)
             batch = consumer.take(seq, cap)
             if not batch.count and not consumer.wait_pending(1, 10):
                 raise SystemExit(f"batched drain: stalled after {got} of {n} messages")

@@ -78,6 +78,13 @@ AVAILABLE_NOW_FILL = 5.0
 AVAILABLE_NOW_IDLE = 0.5
 
 
+def wait_to_fill(consumer: QueueConsumer, cap: int) -> None:
+    """Driver: wait, as an availableNow batch does, until `cap` deliveries are pending (FILL_WAIT for the
+    first, then AVAILABLE_NOW_FILL while they keep arriving up to AVAILABLE_NOW_IDLE apart)."""
+    if consumer.wait_pending(1, FILL_WAIT):
+        consumer.wait_pending(cap, AVAILABLE_NOW_FILL, idle=AVAILABLE_NOW_IDLE)
+
+
 class ArrowPartition(InputPartition):
     """One slice of a micro-batch: its rows as Arrow IPC bytes (made on the driver, read on an executor),
     and while the driver does not know whether its executors share its JVM, LocalModeProbe's ticket."""
@@ -158,14 +165,15 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             consumer.confirm_acks()
         consumer.ack_through(seq)
         if self._journal is not None:
+            answered_through = self._acks_sent_through     # the batches whose acks the broker has answered
             if not self.ACKS_ANSWERED_LATER:
                 consumer.confirm_acks()
-                self._acks_sent_through = seq
+                answered_through = seq
             for done in [s for s in self._built if s <= seq]:
                 del self._built[done]
             if len(consumer.fresh_in) == len(consumer.queues):
                 self._journal.expire(min(consumer.fresh_in.values()))
-            self._journal.settle(self._acks_sent_through)
+            self._journal.settle(answered_through)
             self._acks_sent_through = seq
         if self._handoff is not None:
             self._handoff.committed(seq)
@@ -508,8 +516,7 @@ if ADMISSION_CONTROL:
             message twice while it moves from the queue to our buffer): the run is drained once nothing
             arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT."""
             consumer.start_consuming()
-            if consumer.wait_pending(1, FILL_WAIT):
-                consumer.wait_pending(cap, AVAILABLE_NOW_FILL, idle=AVAILABLE_NOW_IDLE)
+            wait_to_fill(consumer, cap)
             deadline = time.monotonic() + AVAILABLE_NOW_WAIT
             while True:
                 batch = consumer.take(seq, cap, wait=0.2)
