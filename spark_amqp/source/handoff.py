@@ -215,7 +215,8 @@ def answer_probe(ticket: tuple[str, str] | None) -> None:
 
 
 def read_file(partition: FilePartition):
-    """Executor: the partition's record batches, from its file."""
+    """Executor: the partition's record batches, from its file, in batches for the JVM
+    (`arrow_rows.in_jvm_batches`)."""
     fs, _, local = arrow_rows.filesystem(partition.base)
     try:
         source = pa.memory_map(partition.path) if local else fs.open_input_file(partition.path)
@@ -225,4 +226,4 @@ def read_file(partition: FilePartition):
             "handoffPath must be a directory every executor reads (local mode, or a shared filesystem)"
         ) from None
     with source:
-        yield from pa.ipc.open_stream(source)
+        yield from arrow_rows.in_jvm_batches(pa.ipc.open_stream(source))

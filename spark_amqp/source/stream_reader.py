@@ -361,7 +361,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             yield from read_file(partition)
             return
         answer_probe(partition.probe)
-        yield from arrow_rows.deserialize(partition.data)
+        yield from arrow_rows.in_jvm_batches(arrow_rows.deserialize(partition.data))
 
 
 class LegacyQueueStreamReader(_QueueStreamReaderBase):

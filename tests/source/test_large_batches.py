@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
+from spark_amqp.client.events import Delivery
 from spark_amqp.options import parse
 from spark_amqp.schema import ARROW_SCHEMA
 from spark_amqp.source import arrow_rows, stream_reader
@@ -201,6 +202,26 @@ def test_a_batch_is_sliced_into_even_partitions_without_a_small_remainder():
     assert arrow_rows.rows_per_slice(batch(60_000, 10), 50_000, sixteen_mib) == 30_000
     assert arrow_rows.rows_per_slice(batch(2, 4096), 50_000, 1000) == 1     # bodies larger than the bound
     assert arrow_rows.rows_per_slice(batch(0, 10), 50_000, sixteen_mib) == 1
+
+
+def test_an_executor_hands_a_large_slice_to_the_jvm_in_even_batches(tmp_path, monkeypatch):
+    """Executor side, no broker: a slice larger than JVM_BATCH_BYTES, read from its handoff file or from
+    inside its partition, reaches Spark's JVM as even record batches of at most about that size, every row
+    once and in order; a slice under it goes whole."""
+    monkeypatch.setattr(arrow_rows, "JVM_BATCH_BYTES", 64 * 1024)
+    deliveries = [Delivery(None, "", tag, False, "", "q") for tag in range(1, 101)]
+    for d in deliveries:
+        d.body = f"{d.delivery_tag:04d}".encode() * 1024          # 4 KB each: 400 KB in all
+    slice_ = arrow_rows.to_record_batch([("q", deliveries)])
+    [file] = HandoffDir(str(tmp_path)).write(1, [slice_])
+    reader = stream_reader.QueueStreamReader(parse({"uri": "amqp://localhost", "queue": "q"}, "source"))
+    for partition in (file, stream_reader.ArrowPartition(arrow_rows.serialize(slice_))):
+        batches = list(reader.read(partition))
+        assert [b.num_rows for b in batches] == [15] * 6 + [10], type(partition).__name__
+        assert all(b.nbytes <= 64 * 1024 + 4200 for b in batches)
+        assert pa.Table.from_batches(batches).column("body").to_pylist() == [d.body for d in deliveries]
+    small = stream_reader.ArrowPartition(arrow_rows.serialize(slice_.slice(0, 10)))
+    assert [b.num_rows for b in reader.read(small)] == [10]
 
 
 def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodies_go(env, tmp_path,
