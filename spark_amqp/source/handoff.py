@@ -10,9 +10,10 @@ longer holds a batch's bytes (README, Performance).
 
 The directory must be one every executor can read: any local path in local mode, else a shared filesystem
 (`hdfs://`, `s3://`, ... as pyarrow's filesystems reach them). Each run of a query writes under its own
-`run-<uuid>` subdirectory; a batch's files are removed once it is committed, the run's directory when
-the query stops, and directories left by earlier runs (a driver killed -9) when the next run starts: so,
-as with journalPath, one directory per query.
+`run-<uuid>` subdirectory; a batch's files are removed once it is committed (on a local filesystem a few
+are kept instead, renamed, for later batches to be written over: `HandoffDir.committed`), the run's
+directory when the query stops, and directories left by earlier runs (a driver killed -9) when the next
+run starts: so, as with journalPath, one directory per query.
 
 Without `handoffPath` (option `handoff=auto`, the default), the source hands off through files only once
 the executors are shown to run inside the driver's JVM (Spark's local mode: notebooks, tests, single-machine
@@ -25,6 +26,7 @@ Where it runs: `HandoffDir` and `LocalModeProbe` on the driver (the source's `pa
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -41,6 +43,9 @@ log = logging.getLogger("spark_amqp.source")
 # Under Spark's local directory (handoff=auto): LocalModeProbe's directory and probe file, then "<pid>-<uuid>".
 DIR_PREFIX = "spark-amqp-handoff-"
 PROBE_PREFIX = "spark-amqp-probe-"
+# Committed batches' files kept (local filesystems) for later batches to be written over, at most: enough for
+# the slices of two default batches, and at most 8 x PARTITION_BYTES (256 MiB) of disk.
+SPARE_FILES = 8
 
 
 class FilePartition(InputPartition):
@@ -73,6 +78,8 @@ class HandoffDir:
                     log.warning("AMQP source: cannot remove an earlier run's handoff directory %s: %s",
                                 info.path, exc)
         self.files: dict[int, list[FilePartition]] = {}    # per batch handed off: its partitions
+        self.spares: list[str] = []     # committed batches' files (`spare-<n>`), to be written over
+        self._spares_made = 0
 
     def partitions(self, seq: int, record_batch: pa.RecordBatch, rows: int) -> list[FilePartition]:
         """Batch `seq` in slices of `rows` rows, one file each (written once: Spark may ask again)."""
@@ -87,11 +94,18 @@ class HandoffDir:
             parts = []
             for index, record_batch in enumerate(slices):
                 path = self.file_path(seq, index)
-                with self.fs.open_output_stream(path) as out:
+                with self._output(path) as out:
                     arrow_rows.write(out, record_batch)
                 parts.append(FilePartition(self.base, path))
             self.files[seq] = parts
         return self.files[seq]
+
+    def _output(self, path: str):
+        """A new file at `path`: a spare one renamed and written over (see `committed`), else a new one."""
+        if not self.spares:
+            return self.fs.open_output_stream(path)
+        os.replace(self.spares.pop(), path)
+        return _WrittenOver(path)
 
     def bodies(self, seq: int, count: int):
         """The bodies of batch `seq`'s first `count` files, a list per file (a write that failed part way
@@ -104,22 +118,45 @@ class HandoffDir:
         return f"{self.root}/batch-{seq:020d}-{index:04d}.arrow"
 
     def committed(self, seq: int) -> None:
-        """Batches through `seq` are committed: their files go."""
+        """Batches through `seq` are committed: their files go. On a local filesystem up to SPARE_FILES of
+        them stay, renamed `spare-<n>`, for later batches to be written over: the page cache keeps their
+        pages, which new files would take afresh (and on this project's benchmark machine, a virtual one
+        whose freed memory goes back to its host, fault in anew: README, Performance)."""
         for done in [s for s in self.files if s <= seq]:
             for part in self.files.pop(done):
                 try:
-                    self.fs.delete_file(part.path)
+                    if self.local and len(self.spares) < SPARE_FILES:
+                        spare = f"{self.root}/spare-{self._spares_made:06d}"
+                        self._spares_made += 1
+                        os.replace(part.path, spare)
+                        self.spares.append(spare)
+                    else:
+                        self.fs.delete_file(part.path)
                 except OSError as exc:
                     log.warning("AMQP source: cannot remove handoff file %s: %s", part.path, exc)
 
     def close(self) -> None:
         """The query stops: the run's directory goes (what Spark has not committed is re-planned anew)."""
         self.files.clear()
+        self.spares.clear()
         directory = self.base if self.owned else self.root
         try:
             self.fs.delete_dir(directory)
         except OSError as exc:
             log.warning("AMQP source: cannot remove handoff directory %s: %s", directory, exc)
+
+
+class _WrittenOver(io.FileIO):
+    """A file opened for writing without truncation (its pages stay in the page cache as they are written
+    over), cut at the last byte written when closed."""
+
+    def __init__(self, path: str):
+        super().__init__(path, "r+")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.truncate(self.tell())
+        super().close()
 
 
 class LocalModeProbe:

@@ -16,8 +16,9 @@ from spark_amqp.client.events import Delivery
 from spark_amqp.options import parse
 from spark_amqp.schema import ARROW_SCHEMA
 from spark_amqp.source import arrow_rows, stream_reader
+from spark_amqp.source import handoff as handoff_module
 from spark_amqp.source.consumer import QueueConsumer
-from spark_amqp.source.handoff import HandoffDir
+from spark_amqp.source.handoff import HandoffDir, read_file
 from waiting import wait_until
 
 KB = b"k" * 1024
@@ -222,6 +223,32 @@ def test_an_executor_hands_a_large_slice_to_the_jvm_in_even_batches(tmp_path, mo
         assert pa.Table.from_batches(batches).column("body").to_pylist() == [d.body for d in deliveries]
     small = stream_reader.ArrowPartition(arrow_rows.serialize(slice_.slice(0, 10)))
     assert [b.num_rows for b in reader.read(small)] == [10]
+
+
+def test_committed_handoff_files_are_written_over_by_later_batches(tmp_path):
+    """Driver side, no broker: a committed batch's file stays as a spare (not a batch file, at most
+    SPARE_FILES of them) and a later batch is written over it, cut to its own length: it reads back exactly,
+    whatever the spare held. The run's directory goes at close."""
+    def slice_of(first_tag: int, rows: int, size: int) -> pa.RecordBatch:
+        deliveries = [Delivery(None, "", tag, False, "", "q") for tag in range(first_tag, first_tag + rows)]
+        for d in deliveries:
+            d.body = f"{d.delivery_tag:06d}".encode() * (size // 6)
+        return arrow_rows.to_record_batch([("q", deliveries)])
+
+    handoff = HandoffDir(str(tmp_path))
+    large = slice_of(1, 200, 4096)
+    handoff.write(1, [large] * (handoff_module.SPARE_FILES + 2))
+    handoff.committed(1)
+    assert list(tmp_path.rglob("*.arrow")) == []
+    assert len(list(tmp_path.rglob("spare-*"))) == handoff_module.SPARE_FILES
+    small = slice_of(1000, 10, 60)
+    [written_over] = handoff.write(2, [small])
+    fresh = HandoffDir(str(tmp_path / "fresh")).write(2, [small])[0]
+    assert Path(written_over.path).stat().st_size == Path(fresh.path).stat().st_size
+    assert pa.Table.from_batches(list(read_file(written_over))).equals(pa.Table.from_batches([small]))
+    assert len(list(tmp_path.rglob("spare-*"))) == handoff_module.SPARE_FILES - 1
+    handoff.close()
+    assert not Path(handoff.root).exists()
 
 
 def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodies_go(env, tmp_path,
