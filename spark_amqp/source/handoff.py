@@ -146,12 +146,13 @@ class HandoffDir:
             log.warning("AMQP source: cannot remove handoff directory %s: %s", directory, exc)
 
 
-class _WrittenOver(io.FileIO):
+class _WrittenOver(io.BufferedRandom):
     """A file opened for writing without truncation (its pages stay in the page cache as they are written
-    over), cut at the last byte written when closed."""
+    over), cut at the last byte written when closed. Buffered, so that a short write of the OS is written on
+    and the IPC writer's small pieces go out together; a body buffer larger than the buffer goes straight."""
 
     def __init__(self, path: str):
-        super().__init__(path, "r+")
+        super().__init__(io.FileIO(path, "r+"))
 
     def close(self) -> None:
         if not self.closed:
