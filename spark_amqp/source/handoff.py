@@ -10,8 +10,8 @@ longer holds a batch's bytes (README, Performance).
 
 The directory must be one every executor can read: any local path in local mode, else a shared filesystem
 (`hdfs://`, `s3://`, ... as pyarrow's filesystems reach them). Each run of a query writes under its own
-`run-<uuid>` subdirectory; a batch's files are removed once it is committed (on a local filesystem a few
-are kept instead, renamed, for later batches to be written over: `HandoffDir.committed`), the run's
+`run-<uuid>` subdirectory; a batch's files are removed once it is committed (in the source's own directory
+a few are kept instead, renamed, for later batches to be written over: `HandoffDir.committed`), the run's
 directory when the query stops, and directories left by earlier runs (a driver killed -9) when the next
 run starts: so, as with journalPath, one directory per query.
 
@@ -43,8 +43,8 @@ log = logging.getLogger("spark_amqp.source")
 # Under Spark's local directory (handoff=auto): LocalModeProbe's directory and probe file, then "<pid>-<uuid>".
 DIR_PREFIX = "spark-amqp-handoff-"
 PROBE_PREFIX = "spark-amqp-probe-"
-# Committed batches' files kept (local filesystems) for later batches to be written over, at most: enough for
-# the slices of two default batches, and at most 8 x PARTITION_BYTES (256 MiB) of disk.
+# Committed batches' files kept in the source's own directory for later batches to be written over, at
+# most: enough for the slices of two default batches, and at most 8 x PARTITION_BYTES (256 MiB) of disk.
 SPARE_FILES = 8
 
 
@@ -101,11 +101,16 @@ class HandoffDir:
         return self.files[seq]
 
     def _output(self, path: str):
-        """A new file at `path`: a spare one renamed and written over (see `committed`), else a new one."""
-        if not self.spares:
-            return self.fs.open_output_stream(path)
-        os.replace(self.spares.pop(), path)
-        return _WrittenOver(path)
+        """A new file at `path`: a spare one renamed and written over (see `committed`), else (none left, or
+        the spare cannot be reused) a new one."""
+        if self.spares:
+            try:
+                os.replace(self.spares.pop(), path)
+                return _WrittenOver(path)
+            except OSError as exc:
+                log.warning("AMQP source: cannot write handoff file %s over a spare one (%s); writing it anew",
+                            path, exc)
+        return self.fs.open_output_stream(path)
 
     def bodies(self, seq: int, count: int):
         """The bodies of batch `seq`'s first `count` files, a list per file (a write that failed part way
@@ -118,14 +123,16 @@ class HandoffDir:
         return f"{self.root}/batch-{seq:020d}-{index:04d}.arrow"
 
     def committed(self, seq: int) -> None:
-        """Batches through `seq` are committed: their files go. On a local filesystem up to SPARE_FILES of
-        them stay, renamed `spare-<n>`, for later batches to be written over: the page cache keeps their
-        pages, which new files would take afresh (and on this project's benchmark machine, a virtual one
-        whose freed memory goes back to its host, fault in anew: README, Performance)."""
+        """Batches through `seq` are committed: their files go. In the source's own directory (`owned`: a
+        local disk, handoff=auto) up to SPARE_FILES of them stay, renamed `spare-<n>`, for later batches to
+        be written over: the page cache keeps their pages, which new files would take afresh (and on this
+        project's benchmark machine, a virtual one whose freed memory goes back to its host, fault in anew:
+        README, Performance). Not under a user's `handoffPath`, which may be a mount (NFS, a FUSE object
+        store) where writing over a file is slow, unsupported or seen late by other machines."""
         for done in [s for s in self.files if s <= seq]:
             for part in self.files.pop(done):
                 try:
-                    if self.local and len(self.spares) < SPARE_FILES:
+                    if self.owned and len(self.spares) < SPARE_FILES:
                         spare = f"{self.root}/spare-{self._spares_made:06d}"
                         self._spares_made += 1
                         os.replace(part.path, spare)

@@ -226,16 +226,17 @@ def test_an_executor_hands_a_large_slice_to_the_jvm_in_even_batches(tmp_path, mo
 
 
 def test_committed_handoff_files_are_written_over_by_later_batches(tmp_path):
-    """Driver side, no broker: a committed batch's file stays as a spare (not a batch file, at most
-    SPARE_FILES of them) and a later batch is written over it, cut to its own length: it reads back exactly,
-    whatever the spare held. The run's directory goes at close."""
+    """Driver side, no broker: in the source's own directory (handoff=auto) a committed batch's file stays
+    as a spare (not a batch file, at most SPARE_FILES of them) and a later batch is written over it, cut to
+    its own length: it reads back exactly, whatever the spare held. The directory goes at close. Under a
+    user's handoffPath committed files go, as before."""
     def slice_of(first_tag: int, rows: int, size: int) -> pa.RecordBatch:
         deliveries = [Delivery(None, "", tag, False, "", "q") for tag in range(first_tag, first_tag + rows)]
         for d in deliveries:
             d.body = f"{d.delivery_tag:06d}".encode() * (size // 6)
         return arrow_rows.to_record_batch([("q", deliveries)])
 
-    handoff = HandoffDir(str(tmp_path))
+    handoff = HandoffDir(str(tmp_path / "own"), owned=True)
     large = slice_of(1, 200, 4096)
     handoff.write(1, [large] * (handoff_module.SPARE_FILES + 2))
     handoff.committed(1)
@@ -248,7 +249,13 @@ def test_committed_handoff_files_are_written_over_by_later_batches(tmp_path):
     assert pa.Table.from_batches(list(read_file(written_over))).equals(pa.Table.from_batches([small]))
     assert len(list(tmp_path.rglob("spare-*"))) == handoff_module.SPARE_FILES - 1
     handoff.close()
-    assert not Path(handoff.root).exists()
+    assert not (tmp_path / "own").exists()
+
+    users = HandoffDir(str(tmp_path / "handoff-path"))
+    users.write(1, [large])
+    users.committed(1)
+    assert list((tmp_path / "handoff-path").rglob("*-*")) == [Path(users.root)]
+    users.close()
 
 
 def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodies_go(env, tmp_path,
