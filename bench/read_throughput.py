@@ -101,7 +101,8 @@ def pika_drain(url: str, queue: str, n: int, size: int) -> float:
 
 def client_drain(url: str, queue: str, n: int) -> float:
     """The ceiling: our AMQP client alone (no Spark) drains the queue as the source's driver does (manual
-    acks, basic.ack multiple per 25,000), with the same prefetch per channel as the source's default."""
+    acks, basic.ack multiple per 25,000), with the prefetch per channel of the source's default on our broker
+    (50,000), acking as it reads: what the broker gives a consumer that holds nothing back."""
     from spark_amqp.client import Connection
     with Connection.open(url) as conn:
         ch = conn.channel()
@@ -213,8 +214,11 @@ def start_spark():
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     from pyspark.sql import SparkSession
+    # A drain's rows are counted from its progress events: keep them all (Spark keeps the last 100, and a
+    # drain with --prefetch 20000 runs 100 batches and a last empty one).
     spark = (SparkSession.builder.master("local[2]").appName("bench-read")
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.streaming.numRecentProgressUpdates", "100000").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(spark_floor.FloorSource)
     return spark
