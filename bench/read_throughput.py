@@ -25,7 +25,9 @@ peak resident memory of the driver-side Python process that runs the source, and
 microseconds per message of each process role (bench/process_cpu.py: broker, source, executors, jvm,
 bench), and for each Spark drain the seconds its batches spent in each of Spark's phases (latestOffset: the
 source waiting for and taking a batch; addBatch: partitions built and tasks run; walCommit/commitOffsets:
-the checkpoint's offset and commit logs).
+the checkpoint's offset and commit logs). On RabbitMQ each drain also prints the node's own split of its
+time per message (bench/rabbitmq_probe.py: its schedulers in Erlang code, garbage collection and ports, and
+the queue process's reductions), which is where holding deliveries to a commit shows.
 
     python bench/read_throughput.py [--cases 1000000x100,250000x4096] [--skip-rabbitmq] [--skip-embedded]
                                     [--journal] [--batch-pause 0.3] [--rounds 1]
@@ -34,6 +36,7 @@ the checkpoint's offset and commit logs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -48,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from broker_vs_rabbitmq import (Consumer, Publisher, Target, declare_queue, delete_queue,  # noqa: E402
                                 find_listener, queue_depth, start_embedded, stop_embedded)
 from process_cpu import SOURCE_MARKER, CpuByRole, format_breakdown  # noqa: E402
+from rabbitmq_probe import QueueProbe  # noqa: E402
 from socket_bytes import Sampler  # noqa: E402
 
 import spark_floor  # noqa: E402
@@ -224,14 +228,17 @@ def start_spark():
     return spark
 
 
-def measure(target: Target, n: int, drain) -> tuple[float, dict, object]:
+def measure(target: Target, n: int, drain, queue: str | None = None) -> tuple[float, dict, object, str | None]:
     """Run `drain()` (returns msg/s, or (msg/s, extra)) under a CPU sampler: (msg/s, CPU us per message by
-    role, extra). Per message of the `n` drained, or of the rows a Spark drain reports (the floor's last
-    batch is whole)."""
-    with CpuByRole(target.process, interval=0.25) as cpu:
+    role, extra, RabbitMQ's own split of its time or None). Per message of the `n` drained, or of the rows a
+    Spark drain reports (the floor's last batch is whole). On RabbitMQ, `queue` is probed from the node
+    (bench/rabbitmq_probe.py), outside the sampler's window."""
+    probe = QueueProbe(queue) if queue and target.name == "rabbitmq" else None
+    with probe or contextlib.nullcontext(), CpuByRole(target.process, interval=0.25) as cpu:
         result = drain()
     rate, extra = result if isinstance(result, tuple) else (result, None)
-    return rate, cpu.per_message(getattr(extra, "rows", n)), extra
+    per = getattr(extra, "rows", n)
+    return rate, cpu.per_message(per), extra, probe.describe(per) if probe else None
 
 
 SPARK_DRAINS = ("source", "inline", "floor", "journal")
@@ -277,7 +284,7 @@ def run_case(spark, t: Target, n: int, size: int, args) -> dict:
                 preload(t.url, queue, n, size)
             if name in SPARK_DRAINS:
                 rewarm(spark, t.url, warm, size)
-            rows[name] = measure(t, n, drain)
+            rows[name] = measure(t, n, drain, None if name == "floor" else queue)
     finally:
         delete_queue(t.url, queue)
         delete_queue(t.url, warm)
@@ -288,11 +295,13 @@ def report(name: str, n: int, size: int, rows: dict) -> str:
     pika, source, inline, ceiling, batched, floor = (rows[k][0] for k in ("pika", "source", "inline", "ceiling",
                                                                            "batched", "floor"))
     print(f"\n{name}, {n:,} x {size} B")
-    for label, (rate, cpu, run) in rows.items():
+    for label, (rate, cpu, run, inside_rabbitmq) in rows.items():
         print(f"  {label:<8} {rate:>10,.0f} msg/s {rate * size / 1e6:>8.1f} MB/s   CPU us/msg: "
               f"{format_breakdown(cpu)}")
         if run is not None:
             print(f"  {'':<8} {run.describe()}")
+        if inside_rabbitmq:
+            print(f"  {'':<8} {inside_rabbitmq}")
     journal = rows.get("journal")
     summary = (f"source/pika {source / pika:.2f}, source/ceiling {source / ceiling:.2f}; inline/pika "
                f"{inline / pika:.2f}, inline/ceiling {inline / ceiling:.2f}; ceiling/pika {ceiling / pika:.2f}; "
