@@ -185,8 +185,8 @@ OPTIONS = (
            "Source: deliveries the broker may push ahead per queue (default: 2 x maxMessagesPerTrigger, "
            "at least 1000; without maxMessagesPerTrigger 200000, or 40000 on RabbitMQ, whose queue process "
            "does more work for every delivery held unacked until its batch commits). A micro-batch takes "
-           "at most half, so two batches in flight never stall the stream. Above 65535 (basic.qos's limit) it is spread over "
-           "several consuming channels on the queue."),
+           "at most half, so two batches in flight never stall the stream. Above 65535 (basic.qos's "
+           "limit) it is spread over several consuming channels on the queue."),
     Option("maxMessagesPerTrigger", "source", None, _positive_int,
            "Source: most messages in one micro-batch (default: no limit beyond prefetch). PySpark 4.2+ "
            "applies it as a read limit; on 4.0 and 4.1 the source applies it itself."),
