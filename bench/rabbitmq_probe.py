@@ -8,8 +8,8 @@ counters, per message drained:
   collection (`gc`), in socket and port work (`port`), and the rest (`other`: check_io, aux, other);
 - the reductions (the VM's unit of work) of the queue's process.
 
-The schedulers' states are counted from `msacc:start/0` to the end and the accounting is stopped after, so
-the node is left as it was. `rabbitmqctl` runs outside the CPU sampler's window (each call starts a VM of its
+The schedulers' states are counted from `msacc:start/0` to the end, and the accounting is then stopped and
+its counters zeroed, so the node is left as it was. `rabbitmqctl` runs outside the CPU sampler's window (each call starts a VM of its
 own). Where it cannot run (no rabbitmqctl, no rights to the node's cookie), `QueueProbe` says so once and
 reports nothing.
 """
@@ -73,7 +73,7 @@ class QueueProbe:
             self.states = {}
         finally:
             try:
-                _eval("msacc:stop(), ok.")
+                _eval("msacc:stop(), msacc:reset(), ok.")
             except (OSError, subprocess.SubprocessError):
                 pass
 
