@@ -63,7 +63,10 @@ class QueueBatchReader(DataSourceReader):
             remaining = partition.count
             last_tag = 0
             while remaining > 0:
-                got = ch.get_deliveries(min(remaining, ROWS_PER_BATCH), timeout=IDLE_WAIT)
+                # Record batches of at most about JVM_BATCH_BYTES of bodies: 10,000 messages of 4 KB would
+                # hand Spark's JVM 40 MB at once (see arrow_rows.JVM_BATCH_BYTES).
+                got = ch.get_deliveries(min(remaining, ROWS_PER_BATCH), timeout=IDLE_WAIT,
+                                        max_bytes=arrow_rows.JVM_BATCH_BYTES)
                 if not got:
                     break
                 remaining -= len(got)

@@ -60,6 +60,24 @@ def test_batch_read_with_ack_removes_what_it_read(spark, env):
     env.wait_state(q, (0, 0), timeout=10)
 
 
+def test_an_executor_reads_large_messages_in_record_batches_the_jvm_takes(env):
+    """Executor side alone: 5,000 messages of 4 KB (20 MB) reach Spark's JVM as record batches of at most
+    about JVM_BATCH_BYTES of bodies (the message that reaches it is a batch's last), every message once and
+    in order, and go back to the queue after the read."""
+    from spark_amqp.options import parse
+    from spark_amqp.source.arrow_rows import JVM_BATCH_BYTES
+    from spark_amqp.source.batch_reader import QueueBatchReader, QueueSlice
+    q = env.queue("batchlarge")
+    env.publish_bulk(q, [b"%05d" % i + b"x" * 4091 for i in range(5000)])
+    reader = QueueBatchReader(parse({"uri": env.url, "queue": q}, "source"))
+    batches = list(reader.read(QueueSlice(q, 5000)))
+    sizes = [sum(len(b) for b in batch.column("body").to_pylist()) for batch in batches]
+    assert len(batches) >= 2 and max(sizes) <= JVM_BATCH_BYTES + 4096, sizes
+    bodies = [b for batch in batches for b in batch.column("body").to_pylist()]
+    assert [b[:5] for b in bodies] == [b"%05d" % i for i in range(5000)]
+    env.wait_state(q, (5000, 0), timeout=30)
+
+
 def test_batch_read_of_an_empty_queue_is_empty(spark, env):
     q = env.queue("batchempty")
     assert _read(spark, env.url, q) == []
