@@ -128,7 +128,6 @@ class QueueConsumer:
         if sized_start and not options.get("prefetch"):
             self.prefetch = min(self.default_prefetch, FIRST_PREFETCH)
         self.batch_bytes = options.get("maxBytesPerTrigger") or BY_KEY["maxbytespertrigger"].default
-        self.channels_per_queue = -(-self.default_prefetch // PREFETCH_MAX)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
         self._acks_unconfirmed: list = []   # journal: (seq, parts, failed channels, answers) per ack_through
@@ -186,7 +185,11 @@ class QueueConsumer:
             return
         self.default_prefetch = RABBITMQ_DEFAULT_PREFETCH
         self.prefetch = min(self.prefetch, RABBITMQ_DEFAULT_PREFETCH)
-        self.channels_per_queue = -(-RABBITMQ_DEFAULT_PREFETCH // PREFETCH_MAX)
+
+    @property
+    def channels_per_queue(self) -> int:
+        """Consuming channels per queue: one per PREFETCH_MAX of the default prefetch (basic.qos's limit)."""
+        return -(-self.default_prefetch // PREFETCH_MAX)
 
     def _open_queue(self, q: QueueState) -> None:
         o = self.options

@@ -78,8 +78,7 @@ class HandoffDir:
                     log.warning("AMQP source: cannot remove an earlier run's handoff directory %s: %s",
                                 info.path, exc)
         self.files: dict[int, list[FilePartition]] = {}    # per batch handed off: its partitions
-        self.spares: list[str] = []     # committed batches' files (`spare-<n>`), to be written over
-        self._spares_made = 0
+        self.spares: list[str] = []     # committed batches' files (`spare-<batch>-<index>`), to be written over
 
     def partitions(self, seq: int, record_batch: pa.RecordBatch, rows: int) -> list[FilePartition]:
         """Batch `seq` in slices of `rows` rows, one file each (written once: Spark may ask again)."""
@@ -124,17 +123,16 @@ class HandoffDir:
 
     def committed(self, seq: int) -> None:
         """Batches through `seq` are committed: their files go. In the source's own directory (`owned`: a
-        local disk, handoff=auto) up to SPARE_FILES of them stay, renamed `spare-<n>`, for later batches to
-        be written over: the page cache keeps their pages, which new files would take afresh (and on this
-        project's benchmark machine, a virtual one whose freed memory goes back to its host, fault in anew:
-        README, Performance). Not under a user's `handoffPath`, which may be a mount (NFS, a FUSE object
-        store) where writing over a file is slow, unsupported or seen late by other machines."""
+        local disk, handoff=auto) up to SPARE_FILES of them stay, renamed `spare-<batch>-<index>`, for later
+        batches to be written over: the page cache keeps their pages, which new files would take afresh (and
+        on this project's benchmark machine, a virtual one whose freed memory goes back to its host, fault in
+        anew: README, Performance). Not under a user's `handoffPath`, which may be a mount (NFS, a FUSE
+        object store) where writing over a file is slow, unsupported or seen late by other machines."""
         for done in [s for s in self.files if s <= seq]:
-            for part in self.files.pop(done):
+            for index, part in enumerate(self.files.pop(done)):
                 try:
                     if self.owned and len(self.spares) < SPARE_FILES:
-                        spare = f"{self.root}/spare-{self._spares_made:06d}"
-                        self._spares_made += 1
+                        spare = f"{self.root}/spare-{done:020d}-{index:04d}"
                         os.replace(part.path, spare)
                         self.spares.append(spare)
                     else:
