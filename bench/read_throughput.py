@@ -128,7 +128,7 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
     before planning the next), `pause` s between batches."""
     from spark_amqp.options import parse
     from spark_amqp.source.consumer import QueueConsumer
-    from spark_amqp.source.stream_reader import wait_to_fill
+    from spark_amqp.source.queue_mode import wait_to_fill
     consumer = QueueConsumer(parse({"uri": url, "queue": queue}, "source"), sized_start=True)
     consumer.connect(consume=False)
     try:

@@ -26,7 +26,7 @@ from spark_amqp.schema import SCHEMA
 from spark_amqp.source import arrow_rows
 from spark_amqp.source.consumer import DEFAULT_PREFETCH
 from spark_amqp.source.handoff import FilePartition, HandoffDir, read_file
-from spark_amqp.source.stream_reader import PARTITION_BYTES, ROWS_PER_PARTITION
+from spark_amqp.source.queue_mode import PARTITION_BYTES, ROWS_PER_PARTITION
 
 NAME = "amqp_bench_floor"
 

@@ -43,21 +43,20 @@ class AMQPDataSource(DataSource):
     def streamReader(self, schema):
         options = opts.parse(self.options, "source")
         if options["queueType"] == "stream":
-            from .source.stream_reader import ADMISSION_CONTROL
-            from .source.streams import StreamModeReader
+            from .pyspark_versions import ADMISSION_CONTROL, VERSION
+            from .source.stream_mode import StreamModeReader
             if not ADMISSION_CONTROL:
-                import pyspark
                 raise ValueError(f"amqp: option 'queueType': got 'stream'; reading a stream queue as a stream "
-                                 f"needs PySpark 4.2 or newer (this is {pyspark.__version__}); "
+                                 f"needs PySpark 4.2 or newer (this is {VERSION}); "
                                  "spark.read (a batch read of offset ranges) works here")
             return StreamModeReader(options)
-        from .source.stream_reader import QueueStreamReader
+        from .source.queue_mode import QueueStreamReader
         return QueueStreamReader(options)
 
     def reader(self, schema):
         options = opts.parse(self.options, "source")
         if options["queueType"] == "stream":
-            from .source.streams import StreamBatchReader
+            from .source.stream_mode import StreamBatchReader
             return StreamBatchReader(options)
         from .source.batch_reader import QueueBatchReader
         return QueueBatchReader(options)

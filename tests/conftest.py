@@ -126,7 +126,7 @@ def spark():
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from spark_amqp.source.stream_reader import ADMISSION_CONTROL
+    from spark_amqp.pyspark_versions import ADMISSION_CONTROL
 
     builder = SparkSession.builder
     if not ADMISSION_CONTROL:

@@ -41,10 +41,8 @@ from typing import Iterator, List, Optional
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-try:   # PySpark >= 4.1: streaming writes in Arrow batches
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter
-except ImportError:   # PySpark 4.0: streaming writes get Rows (AMQPStreamWriter is the Row writer there)
-    DataSourceStreamArrowWriter = None
+# PySpark >= 4.1: streaming writes in Arrow batches; on 4.0 they get Rows (AMQPStreamWriter is the Row writer)
+from ..pyspark_versions import DataSourceStreamArrowWriter
 
 from .columns import plan as plan_columns
 from .publisher import TaskIdentity, TaskPublisher, arrow_chunks, row_chunks

@@ -12,7 +12,7 @@ import pytest
 
 from proxies import Proxy
 from sink_helpers import cut_sink_connections
-from spark_amqp.source.stream_reader import ADMISSION_CONTROL   # PySpark >= 4.2
+from spark_amqp.pyspark_versions import ADMISSION_CONTROL   # PySpark >= 4.2
 from waiting import wait_until
 
 

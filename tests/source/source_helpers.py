@@ -21,7 +21,7 @@ import pika
 import psutil
 import pytest
 
-from spark_amqp.source.stream_reader import ADMISSION_CONTROL
+from spark_amqp.pyspark_versions import ADMISSION_CONTROL
 
 from brokers import cut_connections, rabbitmq_list
 from waiting import wait_until

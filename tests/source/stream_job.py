@@ -26,7 +26,7 @@ def main() -> int:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from spark_amqp.source.stream_reader import ADMISSION_CONTROL
+    from spark_amqp.pyspark_versions import ADMISSION_CONTROL
 
     spark = (SparkSession.builder.master("local[2]").appName("stream-job")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from spark_amqp.source.stream_reader import ADMISSION_CONTROL   # PySpark >= 4.2
+from spark_amqp.pyspark_versions import ADMISSION_CONTROL   # PySpark >= 4.2
 
 from source_helpers import Collector, checkpoint, run_available_now, stream
 from waiting import wait_until

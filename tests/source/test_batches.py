@@ -10,7 +10,7 @@ from chispa import assert_df_equality
 from proxies import Proxy
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
 from spark_amqp.options import parse
-from spark_amqp.source import stream_reader
+from spark_amqp.source import queue_mode
 from waiting import wait_until
 
 
@@ -76,7 +76,7 @@ def test_an_available_now_batch_keeps_filling_across_a_pause_of_the_broker(env):
     q = env.queue("fillpause")
     env.publish_bulk(q, [b"x" * 4096] * 8000)
     with Proxy.to(env.url) as proxy:
-        reader = stream_reader.QueueStreamReader(
+        reader = queue_mode.QueueStreamReader(
             parse({"uri": proxy.url_for(env.url), "queue": q, "prefetch": "16000"}, "source"))
         paused = threading.Event()
 
@@ -92,7 +92,7 @@ def test_an_available_now_batch_keeps_filling_across_a_pause_of_the_broker(env):
             reader.prepareForTriggerAvailableNow()
             pausing = threading.Thread(target=pause_once, daemon=True)
             pausing.start()
-            end = reader.latestOffset(start, stream_reader.ReadAllAvailable())
+            end = reader.latestOffset(start, queue_mode.ReadAllAvailable())
             pausing.join(30)
             assert paused.is_set(), "the link was never frozen"
             count = reader._consumer.batches[end["seq"]].count

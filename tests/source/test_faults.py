@@ -33,7 +33,8 @@ from brokers import RABBITMQ_URL, DataDirBroker, require_rabbitmq
 from source_helpers import (Collector, Env, checkpoint, drop_killed_log_writes, job_batches, job_spec, kill_group,
                             start_job, stream)
 from spark_amqp.options import parse
-from spark_amqp.source.stream_reader import ADMISSION_CONTROL, LegacyQueueStreamReader
+from spark_amqp.pyspark_versions import ADMISSION_CONTROL
+from spark_amqp.source.queue_mode import LegacyQueueStreamReader
 from waiting import wait_until
 
 

@@ -15,7 +15,7 @@ from source_helpers import Collector, checkpoint, needs_admission_control, strea
 from spark_amqp.client.events import Delivery
 from spark_amqp.options import parse
 from spark_amqp.schema import ARROW_SCHEMA
-from spark_amqp.source import arrow_rows, stream_reader
+from spark_amqp.source import arrow_rows, queue_mode
 from spark_amqp.source import handoff as handoff_module
 from spark_amqp.source.consumer import QueueConsumer
 from spark_amqp.source.handoff import HandoffDir, read_file
@@ -235,13 +235,13 @@ def test_an_executor_hands_a_large_slice_to_the_jvm_in_even_batches(tmp_path, mo
         d.body = f"{d.delivery_tag:04d}".encode() * 1024          # 4 KB each: 400 KB in all
     slice_ = arrow_rows.to_record_batch([("q", deliveries)])
     [file] = HandoffDir(str(tmp_path)).write(1, [slice_])
-    reader = stream_reader.QueueStreamReader(parse({"uri": "amqp://localhost", "queue": "q"}, "source"))
-    for partition in (file, stream_reader.ArrowPartition(arrow_rows.serialize(slice_))):
+    reader = queue_mode.QueueStreamReader(parse({"uri": "amqp://localhost", "queue": "q"}, "source"))
+    for partition in (file, queue_mode.ArrowPartition(arrow_rows.serialize(slice_))):
         batches = list(reader.read(partition))
         assert [b.num_rows for b in batches] == [15] * 6 + [10], type(partition).__name__
         assert all(b.nbytes <= 64 * 1024 + 4200 for b in batches)
         assert pa.Table.from_batches(batches).column("body").to_pylist() == [d.body for d in deliveries]
-    small = stream_reader.ArrowPartition(arrow_rows.serialize(slice_.slice(0, 10)))
+    small = queue_mode.ArrowPartition(arrow_rows.serialize(slice_.slice(0, 10)))
     assert [b.num_rows for b in reader.read(small)] == [10]
 
 
@@ -285,12 +285,12 @@ def test_a_batch_handed_off_in_slices_keeps_its_rows_in_order_and_lets_its_bodie
     `read` of the files gives every row once, in the batch's order, with its queue; asked again, the
     driver gives the same files; the batch held for its acks no longer holds the bodies; its commit acks
     everything and removes the files."""
-    monkeypatch.setattr(stream_reader, "ROWS_PER_PARTITION", 400)   # 900 rows: three slices of 300
+    monkeypatch.setattr(queue_mode, "ROWS_PER_PARTITION", 400)   # 900 rows: three slices of 300
     first, second = env.queue("slices-a"), env.queue("slices-b")
     env.publish(first, [f"a{i:03d}" for i in range(500)])
     env.publish(second, [f"b{i:03d}" for i in range(400)])
     handoff = tmp_path / "handoff"
-    reader = stream_reader.QueueStreamReader(parse(
+    reader = queue_mode.QueueStreamReader(parse(
         {"uri": env.url, "queue": f"{first},{second}", "handoffPath": str(handoff), "prefetch": "5000"},
         "source"))
     try:
@@ -324,10 +324,10 @@ def test_a_handoff_write_failing_part_way_puts_the_bodies_back_and_goes_inside_t
     second file cannot be written (a directory stands at its path). The first file's slice had let its
     bodies go; they are read back, and the whole batch goes inside its tasks, every row in order with its
     body; the directory is gone, and the commit acks everything."""
-    monkeypatch.setattr(stream_reader, "ROWS_PER_PARTITION", 400)   # 900 rows: three slices of 300
+    monkeypatch.setattr(queue_mode, "ROWS_PER_PARTITION", 400)   # 900 rows: three slices of 300
     q = env.queue("putback")
     env.publish_bulk(q, [b"p%03d" % i for i in range(900)])
-    reader = stream_reader.QueueStreamReader(parse({"uri": env.url, "queue": q, "prefetch": "5000"}, "source"))
+    reader = queue_mode.QueueStreamReader(parse({"uri": env.url, "queue": q, "prefetch": "5000"}, "source"))
     try:
         start = reader.initialOffset()
         reader._session().start_consuming()

@@ -220,7 +220,7 @@ def test_the_sink_writes_to_a_stream_and_the_source_reads_it_back(spark, env):
 
 def test_offsets_removed_by_retention_fail_the_read_or_are_skipped_with_fail_on_data_loss_false(spark, env):
     from spark_amqp import options as opts
-    from spark_amqp.source.streams import StreamLog
+    from spark_amqp.source.stream_mode import StreamLog
 
     # 1000-byte bodies in 2500-byte segments: three messages a segment on both brokers; retention keeps
     # about two segments and removes whole segments when one rolls (RabbitMQ: shortly after).
@@ -254,7 +254,7 @@ def test_offsets_removed_by_retention_fail_the_read_or_are_skipped_with_fail_on_
 
 
 def test_a_stream_query_on_pyspark_before_4_2_fails_at_start_with_the_reason(spark, env, tmp_path):
-    from spark_amqp.source.stream_reader import ADMISSION_CONTROL
+    from spark_amqp.pyspark_versions import ADMISSION_CONTROL
     if ADMISSION_CONTROL:
         import pytest
         pytest.skip("PySpark >= 4.2 reads streams as streams")

@@ -29,13 +29,8 @@ import time
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-try:   # PySpark >= 4.2: admission control (read limits) and availableNow for Python sources
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
-    ADMISSION_CONTROL = True
-except ImportError:   # PySpark 4.0 / 4.1
-    ADMISSION_CONTROL = False
-
 from .. import gc_tuning
+from ..pyspark_versions import ADMISSION_CONTROL, ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 from . import arrow_rows
 from .consumer import Batch, QueueConsumer, let_go_bodies, put_back_bodies
 from .handoff import FilePartition, HandoffDir, LocalModeProbe, answer_probe, read_file

@@ -30,12 +30,12 @@ from ..client.uri import redact
 from ..options import connect_kwargs
 from . import arrow_rows
 
-try:   # PySpark >= 4.2: streaming stream mode needs its admission control (datasource.streamReader)
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
-    _READER_BASES: tuple = (DataSourceStreamReader, SupportsTriggerAvailableNow)
-except ImportError:   # PySpark 4.0 / 4.1: batch reads of streams only
-    ReadAllAvailable = ReadMaxRows = None
-    _READER_BASES = (DataSourceStreamReader,)
+from ..pyspark_versions import ADMISSION_CONTROL, ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+
+# PySpark >= 4.2: streaming stream mode needs its admission control (datasource.streamReader refuses it
+# before); on 4.0 / 4.1 streams are read by batch reads only.
+_READER_BASES: tuple = ((DataSourceStreamReader, SupportsTriggerAvailableNow) if ADMISSION_CONTROL
+                        else (DataSourceStreamReader,))
 
 log = logging.getLogger("spark_amqp.source")
 
