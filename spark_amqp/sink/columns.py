@@ -6,8 +6,11 @@ in a task after half the rows were published:
 
 - `body` is required, `binary` or `string` (a string is sent as its UTF-8 bytes; a null body is an empty
   body);
-- `exchange` and `routing_key` (`string`) override, row by row, the options `exchange` and `routingKey`
-  (a null value takes the option's value; without the option: the default exchange `""`, key `""`);
+- `exchange` and `routing_key` (`string`) route each row where the options `exchange` and `routingKey` are
+  not given; an option given overrides its column, as the `topic` option of Spark's Kafka sink overrides
+  the `topic` column (a row read from queue `q` carries routing_key 'q': written with
+  `.option("routingKey", "out")` it goes to "out", not back to `q`). A null value, or neither column nor
+  option: the default exchange `""`, key `""`;
 - the property columns (AMQP 0-9-1 section 1.8, basic properties): `content_type`, `content_encoding`,
   `correlation_id`, `reply_to`, `expiration`, `message_id`, `type`, `user_id`, `app_id` (`string`, at
   most 255 bytes), `delivery_mode` and `priority` (an integer type, 0..255), `timestamp` (`timestamp` or
@@ -137,8 +140,8 @@ def plan(schema: StructType, options) -> ColumnPlan:
     return ColumnPlan(
         body=by_name["body"],
         body_is_string=isinstance(schema.fields[by_name["body"]].dataType, StringType),
-        exchange=by_name.get("exchange"),
-        routing_key=by_name.get("routing_key"),
+        exchange=None if options.get("exchange") is not None else by_name.get("exchange"),
+        routing_key=None if options.get("routingKey") is not None else by_name.get("routing_key"),
         properties=tuple((n, by_name[n]) for n in PROPERTY_COLUMNS + ("header_types",) if n in by_name),
         ignored=tuple(n for n in names if n.lower() not in WRITTEN),
         names=tuple(names),

@@ -28,7 +28,7 @@ def schema(*fields):
 
 
 def test_the_source_schema_is_accepted_and_source_only_columns_are_ignored():
-    p = plan(SCHEMA, sink_options())
+    p = plan(SCHEMA, opts.parse({"uri": URI}, "sink"))
     assert p.body == 0 and not p.body_is_string
     assert p.exchange == 1 and p.routing_key == 2
     assert [n for n, _ in p.properties] == ["content_type", "content_encoding", "headers", "delivery_mode",
@@ -36,6 +36,12 @@ def test_the_source_schema_is_accepted_and_source_only_columns_are_ignored():
                                             "message_id", "timestamp", "type", "user_id", "app_id",
                                             "header_types"]
     assert set(p.ignored) == {"queue", "delivery_tag", "redelivered", "stream_offset"}
+
+
+def test_an_option_given_overrides_its_column():
+    assert (plan(SCHEMA, sink_options()).exchange, plan(SCHEMA, sink_options()).routing_key) == (1, None)
+    both = plan(SCHEMA, sink_options(exchange=""))       # '' (the default exchange) is an option given too
+    assert (both.exchange, both.routing_key) == (None, None)
 
 
 def test_body_may_be_a_string_and_integer_properties_any_integer_type():

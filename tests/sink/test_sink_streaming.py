@@ -85,3 +85,39 @@ def test_stream_with_a_bad_schema_fails_at_start(spark, broker_url, admin, uniqu
     msg = str(err.value)
     assert "unknown column(s) for the amqp sink: 'kind'" in msg
     assert admin.depth(queue) == 0
+
+
+def test_the_routing_options_override_the_rows_columns(spark, broker_url, admin, unique_name, tmp_path):
+    """A row read from queue `q` carries routing_key 'q' and exchange ''. Written with the option
+    `routingKey` it goes where the option says, not back into `q` (the option overrides the column, as the
+    `topic` option of Spark's Kafka sink does); the same for `exchange`."""
+    source, out = admin.queue(unique_name("in")), admin.queue(unique_name("out"))
+    fanout = admin.exchange(unique_name("fan"), "fanout")
+    fanned = admin.queue(unique_name("fanned"))
+    admin.ch.queue_bind(fanned, fanout)
+    for n in range(50):
+        admin.ch.basic_publish("", source, str(n).encode())
+
+    def run(options: dict, name: str):
+        writer = (spark.readStream.format("amqp").option("uri", broker_url).option("queue", source).load()
+                  .writeStream.format("amqp").option("uri", broker_url)
+                  .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True))
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        query = writer.start()
+        assert query.awaitTermination(90), "the availableNow run did not finish"
+        assert query.exception() is None
+
+    run({"routingKey": out}, "by-key")
+    got = admin.drain(out)
+    assert sorted(int(body) for _, _, body in got) == list(range(50))
+    assert {method.routing_key for method, _, _ in got} == {out}
+    assert admin.depth(source) == 0          # read once, acked, and nothing published back into it
+
+    for n in range(50, 60):
+        admin.ch.basic_publish("", source, str(n).encode())
+    run({"exchange": fanout}, "by-exchange")     # the rows' exchange '' is overridden; their key kept
+    got = admin.drain(fanned)
+    assert sorted(int(body) for _, _, body in got) == list(range(50, 60))
+    assert {(method.exchange, method.routing_key) for method, _, _ in got} == {(fanout, source)}
+    assert admin.depth(source) == 0
