@@ -1,6 +1,6 @@
 """Throughput and memory of the embedded broker, measured side by side with RabbitMQ.
 
-What it measures (the benchmark of issue 2):
+What it measures:
 
 * publish: with pika, publish ``--messages`` (100,000) messages of ``--size`` (100) bytes to a fresh queue
   through the default exchange, with publisher confirms and at most ``--window`` (1,000) unconfirmed

@@ -338,7 +338,7 @@ def main(argv=None) -> int:
     # is. One warm-up query of the source inside the tasks, one with handoff files, one of the floor, each
     # of a million rows: after three of 100,000 the first measured source drain still spent 3.0 us of JVM
     # CPU per message against 1.7 in a second round, and read 158,698 msg/s against 178,585
-    # (2026-11-25, 1,000,000 x 100 B, embedded broker; pika 117,273 and 115,662).
+    # (1,000,000 x 100 B, embedded broker; pika 117,273 and 115,662).
     lines = []
     try:
         warm = declare_queue(embedded.url)

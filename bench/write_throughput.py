@@ -1,6 +1,6 @@
 """Throughput of the amqp sink, `df.write.format("amqp")`, against a plain pika publisher, same broker, same run.
 
-What it measures (the benchmark of issue 3):
+What it measures:
 
 * ours: a cached DataFrame of ``--messages`` (1,000,000) rows, 2 partitions (local[2]: two tasks publish in
   parallel), one column ``body`` of ``--size`` (100) bytes (row i: i zero-padded to 100 digits), written

@@ -19,7 +19,7 @@ from brokers import RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq
 # Every JVM the tests start (the session's SparkSession, the drivers of the kill tests, the notebooks' kernels,
 # the demo, the Spark Connect server) compiles with C1 only. They live for seconds to minutes on small data,
 # where C2's compiling is CPU spent and never paid back: a driver draining 2,000 messages in ten batches used
-# 36.6 s of JVM CPU with C2 and 17.6 s without (2026-11-25), and the suite is CPU-bound on two cores. Set in
+# 36.6 s of JVM CPU with C2 and 17.6 s without, and the suite is CPU-bound on two cores. Set in
 # the environment, not in Spark's conf, so that it reaches the JVMs of child processes too; a
 # JAVA_TOOL_OPTIONS of the user's own is left as it is.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")

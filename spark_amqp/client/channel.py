@@ -33,7 +33,7 @@ from .errors import (AMQPError, AMQPTimeoutError, ChannelClosedError, Connection
                      PublishNackedError, UnroutableError)
 from .events import EMPTY_PROPERTIES, Delivery, Returned
 
-DEFAULT_WINDOW = 1000   # unconfirmed messages in flight; what the broker benchmark (issue 2) uses with pika
+DEFAULT_WINDOW = 1000   # unconfirmed messages in flight; what bench/broker_vs_rabbitmq.py uses with pika
 PUBLISH_GROUP = 64      # messages per write in publish_many (about 10 KB of 100-byte messages)
 MAX_KEPT_RETURNS = 100  # returned messages kept for inspection; all are counted
 

@@ -213,7 +213,7 @@ def _whole_deliveries(buf: bytes, pos: int, frame_max: int, events: list) -> int
     pieces, a frame over frame_max, a bad frame-end octet, a truncated method) it stops, and the frame path
     (`FrameReader` and `EventParser._frame`) takes over and raises the errors. Hand-written for speed:
     bench/codec_hot_paths.py (deliver decode, 100 B) read 430,000 deliveries/s through frames and 545,000/s
-    here, in one session. Called with no content pending on any channel."""
+    here, in the same run. Called with no content pending on any channel."""
     size = len(buf)
     unpack = FRAME_HEAD.unpack_from
     body_size_at = CONTENT_HEAD.unpack_from

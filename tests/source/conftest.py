@@ -31,7 +31,7 @@ def secret_broker():
 
 @pytest.fixture(autouse=True)
 def _stop_queries_after(request):
-    """Stop whatever streaming query a test left running (only this session's queries)."""
+    """Stop whatever streaming query a test left running (only the queries of this pytest process)."""
     yield
     if "spark" in request.fixturenames:
         spark = request.getfixturevalue("spark")

@@ -167,7 +167,7 @@ def test_handoff_path_under_a_processing_time_trigger(spark, env, tmp_path):
 
 
 def _local_dirs(spark) -> list[Path]:
-    """Spark's local directories (its block manager's) in this session's JVM, where handoff=auto writes, as
+    """Spark's local directories (its block manager's) in the shared SparkSession's JVM, where handoff=auto writes, as
     an executor's Python worker sees them."""
     dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).collect()[0]
     return [Path(d) for d in dirs.split(",")]
