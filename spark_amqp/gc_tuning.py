@@ -5,8 +5,8 @@ deliveries (200,000 by default) until their batch commits. Under the default thr
 allocations trigger a young collection every 700 objects and promote enough objects for full collections
 that walk everything held: measured with `gc.callbacks` on 1,000,000 x 100 B messages, 1.1-1.3 s of its
 CPU (11 full collections, ~1.2 of its 4.6 us per message). It makes no reference cycles in its steady
-state, so collecting rarely leaves little garbage waiting. The broker's own process is tuned the same way, for
-the same reason (broker/__main__.py: GC_THRESHOLDS); executors' Python workers, which run other code too,
+state, so collecting rarely leaves little garbage waiting. The broker's own process (`amqp-broker`) is tuned with this
+function, for the same reason (broker/__main__.py); executors' Python workers, which run other code too,
 keep their defaults.
 """
 

@@ -3,7 +3,7 @@
 Options are camelCase like Spark's Kafka source and case-insensitive. `parse(options, role)` validates all
 of them when a query starts and raises `OptionError` naming the option, the value and what is allowed.
 Credentials never appear in errors: a bad `uri` is reported with its password replaced by `***`.
-The README's options table is this module's table.
+docs/options.md is this module's table (`markdown_table()`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .client.channel import DEFAULT_WINDOW
+from .client.connection import DEFAULT_CONNECT_TIMEOUT, DEFAULT_HEARTBEAT
 from .client.tls import TLSOptions
 from .client.uri import parse_uri, redact
 
@@ -237,7 +239,7 @@ OPTIONS = (
            "Sink: publish with mandatory=true; an unroutable row fails the task naming exchange and key."),
     Option("confirmTimeout", "sink", 60.0, _seconds,
            "Sink: seconds a task waits for outstanding publisher confirms before it fails."),
-    Option("publishWindow", "sink", 1000, _positive_int,
+    Option("publishWindow", "sink", DEFAULT_WINDOW, _positive_int,
            "Sink: most unconfirmed publishes in flight per task."),
     Option("messageId", "sink", "none", _choice("none", "deterministic"),
            "Sink: `deterministic` gives rows without a message_id one derived from (query id, batch, "
@@ -261,8 +263,8 @@ OPTIONS = (
     Option("authMechanism", "both", "PLAIN", _choice("plain", "amqplain", "external"),
            "SASL mechanism: `PLAIN` (default), `AMQPLAIN`, or `EXTERNAL` (the broker takes the user from "
            "the TLS client certificate)."),
-    Option("heartbeat", "both", 60, _positive_int, "Heartbeat interval (seconds) asked of the broker."),
-    Option("connectTimeout", "both", 10.0, _seconds, "Seconds to wait for a TCP connection and handshake."),
+    Option("heartbeat", "both", DEFAULT_HEARTBEAT, _positive_int, "Heartbeat interval (seconds) asked of the broker."),
+    Option("connectTimeout", "both", DEFAULT_CONNECT_TIMEOUT, _seconds, "Seconds to wait for a TCP connection and handshake."),
 )
 BY_KEY = {o.name.lower(): o for o in OPTIONS}
 
@@ -335,8 +337,8 @@ def connect_kwargs(options) -> dict:
         tls = TLSOptions(ca=options.get("tls.caFile"), cert=options.get("tls.certFile"),
                          key=options.get("tls.keyFile"), verify=options.get("tls.verify", True),
                          server_name=options.get("tls.serverName"))
-    return {"heartbeat": int(options.get("heartbeat") or 60),
-            "connect_timeout": float(options.get("connectTimeout") or 10.0),
+    return {"heartbeat": int(options.get("heartbeat") or DEFAULT_HEARTBEAT),
+            "connect_timeout": float(options.get("connectTimeout") or DEFAULT_CONNECT_TIMEOUT),
             "tls": tls, "auth_mechanism": str(options.get("authMechanism") or "plain").upper()}
 
 

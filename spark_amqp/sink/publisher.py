@@ -84,8 +84,8 @@ class TaskPublisher:
         self.default_exchange = options.get("exchange") or ""
         self.default_routing_key = options.get("routingKey") or ""
         self.mandatory = bool(options.get("mandatory"))
-        self.confirm_timeout = float(options.get("confirmTimeout") or 60.0)
-        self.window = int(options.get("publishWindow") or 1000)
+        self.confirm_timeout = float(options["confirmTimeout"])      # options.parse gives every default
+        self.window = int(options["publishWindow"])
         self.deterministic = options.get("messageId") == "deterministic"
         self.uri = options["uri"]
         self.published = 0

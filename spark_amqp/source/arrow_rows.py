@@ -32,6 +32,9 @@ SLICE_SLACK = 0.125
 # 109, 134 -> 116, 109, 135 MB/s: there the driver's build is the slower step). Batches of 100-byte
 # messages (50,000 rows, about 10 MB) go whole.
 JVM_BATCH_BYTES = 16 * 2**20
+# Rows of one record batch an executor reads off a connection (batch reads, stream ranges), at most: with
+# JVM_BATCH_BYTES, whichever bound comes first ends the batch.
+ROWS_PER_RECORD_BATCH = 10_000
 
 
 def warm_up_in_background() -> None:

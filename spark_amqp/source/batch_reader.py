@@ -19,7 +19,6 @@ from .consumer import PREFETCH_MAX, QueueConsumer
 # Seconds a read waits for the next delivery before it stops short of the count it planned (another
 # consumer may have taken some).
 IDLE_WAIT = 2.0
-ROWS_PER_BATCH = 10000
 
 
 class QueueSlice(InputPartition):
@@ -65,7 +64,7 @@ class QueueBatchReader(DataSourceReader):
             while remaining > 0:
                 # Record batches of at most about JVM_BATCH_BYTES of bodies: 10,000 messages of 4 KB would
                 # hand Spark's JVM 40 MB at once (see arrow_rows.JVM_BATCH_BYTES).
-                got = ch.get_deliveries(min(remaining, ROWS_PER_BATCH), timeout=IDLE_WAIT,
+                got = ch.get_deliveries(min(remaining, arrow_rows.ROWS_PER_RECORD_BATCH), timeout=IDLE_WAIT,
                                         max_bytes=arrow_rows.JVM_BATCH_BYTES)
                 if not got:
                     break

@@ -48,13 +48,13 @@ TAIL_IDLE = 0.2
 PROBE_WAIT = 1.0
 # Deliveries a probe may receive: the last chunk of a stream (RabbitMQ's chunks hold what one write took).
 PROBE_PREFETCH = 5000
-# Executors: prefetch of a range read, rows per Arrow batch, and seconds without a delivery before a range
-# read fails (the broker should be sending the range's messages as fast as it can).
+# Executors: prefetch of a range read, and seconds without a delivery before a range read fails (the broker
+# should be sending the range's messages as fast as it can). A range's record batches are bounded as batch
+# reads' are (arrow_rows.ROWS_PER_RECORD_BATCH and JVM_BATCH_BYTES).
 RANGE_PREFETCH = 5000
 # Offsets one partition reads at most: a backlog of one stream is read by all the executors' cores (a
 # range is read at ~100,000 rows/s by one Python worker; a partition's connection costs milliseconds).
 MAX_RANGE = 100_000
-ROWS_PER_BATCH = 10000
 RANGE_IDLE = 30.0
 
 
@@ -292,7 +292,8 @@ def read_range(options, part: StreamRange):
         ch.basic_consume(part.stream, arguments={"x-stream-offset": part.start})
         checked = False
         while True:
-            got = ch.get_deliveries(ROWS_PER_BATCH, timeout=RANGE_IDLE)
+            got = ch.get_deliveries(arrow_rows.ROWS_PER_RECORD_BATCH, timeout=RANGE_IDLE,
+                                    max_bytes=arrow_rows.JVM_BATCH_BYTES)
             if not got:
                 raise RuntimeError(f"stream '{part.stream}': no message arrived for {RANGE_IDLE:.0f} s while "
                                    f"reading offsets [{part.start}, {part.end})")

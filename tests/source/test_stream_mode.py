@@ -267,3 +267,20 @@ def test_a_stream_query_on_pyspark_before_4_2_fails_at_start_with_the_reason(spa
     except Exception as exc:
         text = str(exc)
     assert "needs PySpark 4.2 or newer" in text and "spark.read" in text, text[-2000:]
+
+
+def test_an_executor_reads_a_range_of_large_messages_in_record_batches_the_jvm_takes(env):
+    """Executor side alone: a range of 5,000 messages of 4 KB (20 MB) reaches Spark's JVM as record batches
+    of at most about JVM_BATCH_BYTES of bodies, as a batch read's do, every offset once and in order."""
+    from spark_amqp.options import parse
+    from spark_amqp.source.arrow_rows import JVM_BATCH_BYTES
+    from spark_amqp.source.stream_mode import StreamRange, read_range
+    s = env.stream("large")
+    env.publish_bulk(s, [b"%05d" % i + b"x" * 4091 for i in range(5000)])
+    options = parse({"uri": env.url, "queue": s, "queueType": "stream"}, "source")
+    batches = list(read_range(options, StreamRange(s, 0, 5000)))
+    sizes = [sum(len(b) for b in batch.column("body").to_pylist()) for batch in batches]
+    assert len(batches) >= 2 and max(sizes) <= JVM_BATCH_BYTES + 4096, sizes
+    rows = [(o, b[:5]) for batch in batches
+            for o, b in zip(batch.column("stream_offset").to_pylist(), batch.column("body").to_pylist())]
+    assert rows == [(i, b"%05d" % i) for i in range(5000)]
