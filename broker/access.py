@@ -35,7 +35,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from spark_amqp.codec import replies
+from spark_amqp.codec import methods, replies
 
 from .exchange import EXCHANGE_TYPES
 
@@ -378,7 +378,7 @@ def publish_topic(ch, x, routing_key: str) -> None:
 
 def _on_publish(exc: replies.AMQPError) -> replies.AMQPError:
     """The content frames that complete a publish carry no method: name basic.publish (60, 40) as RabbitMQ."""
-    exc.class_id, exc.method_id = 60, 40
+    exc.class_id, exc.method_id = methods.BASIC_PUBLISH
     return exc
 
 

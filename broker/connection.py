@@ -217,7 +217,7 @@ class Connection:
         return ("PLAIN", "AMQPLAIN", "EXTERNAL") if self.peer_cert_subject is not None else ("PLAIN", "AMQPLAIN")
 
     def _frame(self, ftype: int, channel: int, payload: bytes) -> None:
-        if ftype == 1:  # method
+        if ftype == frames.FRAME_METHOD:
             if channel:
                 ch = self.channels.get(channel)
                 if ch is not None and ch.pending is None and len(payload) >= 4:
@@ -226,7 +226,7 @@ class Connection:
                         try:
                             exchange, rk, mandatory, immediate = methods.decode_publish(payload)
                         except replies.AMQPError as exc:
-                            raise _undecodable(exc, 60, 40) from None
+                            raise _undecodable(exc, *methods.BASIC_PUBLISH) from None
                         try:
                             ch.start_publish(exchange, rk, mandatory, immediate)
                         except replies.AMQPError as exc:
@@ -236,15 +236,15 @@ class Connection:
                         try:
                             tag, multiple = methods.decode_ack(payload)
                         except replies.AMQPError as exc:
-                            raise _undecodable(exc, 60, 80) from None
+                            raise _undecodable(exc, *methods.BASIC_ACK) from None
                         try:
                             ch.settle(tag, multiple, "ack")
                         except replies.AMQPError as exc:
-                            exc.class_id, exc.method_id = 60, 80
+                            exc.class_id, exc.method_id = methods.BASIC_ACK
                             self._exception_on(ch, exc)
                         return
             self._method(channel, payload)
-        elif ftype == 2:
+        elif ftype == frames.FRAME_HEADER:
             ch = self._content_channel(channel)
             if ch is None:
                 return
@@ -255,7 +255,7 @@ class Connection:
                 ch.on_header(payload)
             except replies.AMQPError as exc:
                 self._exception_on(ch, exc)
-        elif ftype == 3:
+        elif ftype == frames.FRAME_BODY:
             ch = self._content_channel(channel)
             if ch is None:
                 return
@@ -266,7 +266,7 @@ class Connection:
                 ch.on_body(payload)
             except replies.AMQPError as exc:
                 self._exception_on(ch, exc)
-        elif ftype == 8:
+        elif ftype == frames.FRAME_HEARTBEAT:
             if channel:
                 raise replies.connection_error(replies.UNEXPECTED_FRAME,
                                                f"heartbeat frame on channel {channel}")

@@ -50,8 +50,10 @@ GET_OK = b"\x00\x3c\x00\x47"    # basic.get-ok (60, 71)
 ACK = b"\x00\x3c\x00\x50"       # basic.ack (60, 80)
 NACK = b"\x00\x3c\x00\x78"      # basic.nack (60, 120)
 
-PUBLISH_ID = (60 << 16) | 40
-ACK_ID = (60 << 16) | 80
+BASIC_PUBLISH = (60, 40)        # (class-id, method-id)
+BASIC_ACK = (60, 80)
+PUBLISH_ID = (BASIC_PUBLISH[0] << 16) | BASIC_PUBLISH[1]    # what method_index() gives for each
+ACK_ID = (BASIC_ACK[0] << 16) | BASIC_ACK[1]
 
 # Classes of AMQP 0-9-1 (connection, channel, exchange, queue, basic, confirm, tx): an unknown method of a
 # known class is COMMAND_INVALID (503), of an unknown class NOT_IMPLEMENTED (540), as RabbitMQ answers.
