@@ -137,7 +137,7 @@ def batched_drain(url: str, queue: str, n: int, pause: float) -> float:
         while got < n:
             seq += 1
             consumer.ack_through(seq - 1)
-            cap = consumer.batch_count(max(1, consumer.prefetch // 2))
+            cap = consumer.batch_size()
             wait_to_fill(consumer, cap)
             batch = consumer.take(seq, cap)
             if not batch.count and not consumer.wait_pending(1, 10):

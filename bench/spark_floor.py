@@ -24,7 +24,7 @@ from spark_amqp.client.events import Delivery
 from spark_amqp.options import BY_KEY
 from spark_amqp.schema import SCHEMA
 from spark_amqp.source import arrow_rows
-from spark_amqp.source.consumer import DEFAULT_PREFETCH
+from spark_amqp.source.bounds import DEFAULT_PREFETCH
 from spark_amqp.source.handoff import FilePartition, HandoffDir, read_file
 from spark_amqp.source.queue_mode import PARTITION_BYTES, ROWS_PER_PARTITION
 
@@ -33,7 +33,7 @@ NAME = "amqp_bench_floor"
 
 def batch_shape(size: int) -> tuple[int, int]:
     """(rows per batch, rows per slice) of a full batch of the source with default options, for bodies of
-    `size` bytes: half the default prefetch, and maxBytesPerTrigger of bodies (QueueConsumer.batch_count);
+    `size` bytes: half the default prefetch, and maxBytesPerTrigger of bodies (bounds.bounds);
     slices as `rows_per_slice` cuts them."""
     rows = max(1, min(DEFAULT_PREFETCH // 2, BY_KEY["maxbytespertrigger"].default // size))
     return rows, arrow_rows.slice_rows(rows, rows * size, ROWS_PER_PARTITION, PARTITION_BYTES)

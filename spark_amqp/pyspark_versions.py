@@ -27,5 +27,18 @@ try:
 except ImportError:   # PySpark 4.0
     DataSourceStreamArrowWriter = None
 
-__all__ = ["VERSION", "ADMISSION_CONTROL", "ReadAllAvailable", "ReadMaxRows", "SupportsTriggerAvailableNow",
+
+def default_read_limit(options):
+    """Driver (PySpark >= 4.2): a streaming reader's `getDefaultReadLimit`: `maxMessagesPerTrigger` bounds
+    each batch, else no limit."""
+    n = options.get("maxMessagesPerTrigger")
+    return ReadMaxRows(n) if n else ReadAllAvailable()
+
+
+def max_rows(limit) -> int | None:
+    """Driver (PySpark >= 4.2): the rows a `latestOffset(start, limit)` may plan, None for no limit."""
+    return limit.max_rows if ReadMaxRows is not None and isinstance(limit, ReadMaxRows) else None
+
+
+__all__ = ["default_read_limit", "max_rows", "VERSION", "ADMISSION_CONTROL", "ReadAllAvailable", "ReadMaxRows", "SupportsTriggerAvailableNow",
            "DataSourceStreamArrowWriter"]

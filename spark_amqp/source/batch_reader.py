@@ -14,7 +14,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from ..client import Connection
 from ..options import connect_kwargs
 from . import arrow_rows
-from .consumer import PREFETCH_MAX, QueueConsumer
+from .bounds import PREFETCH_MAX
+from .consumer import QueueConsumer
 
 # Seconds a read waits for the next delivery before it stops short of the count it planned (another
 # consumer may have taken some).

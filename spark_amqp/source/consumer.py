@@ -19,28 +19,11 @@ from dataclasses import dataclass, field
 from ..client import (AMQPError, AuthenticationError, ChannelClosedError, ConnectError, Connection,
                       ConsumerCancelledError)
 from ..client.uri import parse_uri, redact
-from ..options import BY_KEY, connect_kwargs
+from ..options import connect_kwargs
+from .bounds import bounds
 
 log = logging.getLogger("spark_amqp.source")
 
-# The most a basic.qos prefetch-count can say (a 16-bit field, spec 1.8.3.1). A larger `prefetch` is spread
-# over several consuming channels on the same queue.
-PREFETCH_MAX = 65535
-# Default prefetch per queue: four channels of 50,000. A micro-batch takes at most half of it, so batches
-# of up to 100,000 rows amortize Spark's fixed cost per micro-batch (about 0.35 s here), while the driver
-# holds at most 200,000 deliveries (about 60 MB of 100-byte messages), whatever the backlog.
-DEFAULT_PREFETCH = 200000
-# Default prefetch per queue on RabbitMQ (the broker's `product` at connection.start): batches of up to
-# 20,000. RabbitMQ's queue process does more work for every delivery held unacked, and the source holds each
-# batch until its commit: its garbage collector copies what is held again and again while the batch waits.
-# On a lazy queue, where the held deliveries are most of what that process holds, availableNow read
-# 1,000,000 x 100 B at 23,600 msg/s with 200,000 and 31,700 with 40,000; on a classic queue at 38,400 and
-# 40,600 (README, Performance: "the fifteenth session"). Smaller batches cost Spark more per message, which
-# on a cluster's driver is not the broker's CPU.
-RABBITMQ_DEFAULT_PREFETCH = 40000
-# Prefetch per queue until the first batch tells the messages' size (see QueueConsumer's sized_start): with
-# the default 200,000 from the start, 4 KB messages put 800 MB in the driver before the first batch.
-FIRST_PREFETCH = 2000
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 # Seconds to wait for the close-ok of a connection that is being replaced after a loss.
 ABANDON_TIMEOUT = 0.5
@@ -57,7 +40,7 @@ class QueueMissingError(SourceError):
 
 @dataclass
 class QueueState:
-    """One queue and the channels consuming it (one per PREFETCH_MAX of prefetch)."""
+    """One queue and the channels consuming it (one per bounds.PREFETCH_MAX of prefetch)."""
     name: str
     channels: list = field(default_factory=list)
 
@@ -117,17 +100,14 @@ def put_back_bodies(deliveries_by_queue: list[tuple[str, list]], bodies: list[by
 
 class QueueConsumer:
     def __init__(self, options, journal=None, sized_start: bool = False):
-        """`sized_start`: without the `prefetch` option, consume with FIRST_PREFETCH until the first batch
-        shows the messages' size (`_fit_prefetch`), so that large messages never arrive 200,000 at once.
-        Not for a reader whose first batch is the whole run (PySpark 4.0/4.1 under availableNow)."""
+        """`sized_start`: without the `prefetch` option, consume with bounds.FIRST_PREFETCH until the first
+        batch shows the messages' size (`_fit_prefetch`), so that large messages never arrive 200,000 at
+        once. Not for a reader whose first batch is the whole run (PySpark 4.0/4.1 under availableNow)."""
         self.options = options
         self.journal = journal      # BatchJournal (journalPath): redelivered copies it holds are dropped
         self.queues = [QueueState(name) for name in options["queue"]]
-        self.default_prefetch = options.get("prefetch") or _default_prefetch(options)
-        self.prefetch = self.default_prefetch     # lowered for large messages: _fit_prefetch
-        if sized_start and not options.get("prefetch"):
-            self.prefetch = min(self.default_prefetch, FIRST_PREFETCH)
-        self.batch_bytes = options.get("maxBytesPerTrigger") or BY_KEY["maxbytespertrigger"].default
+        self.sized_start = sized_start
+        self.rabbitmq = False       # the broker said it is RabbitMQ (at the first connect)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
         self._acks_unconfirmed: list = []   # journal: (seq, parts, failed channels, answers) per ack_through
@@ -139,6 +119,7 @@ class QueueConsumer:
         self.generation = 0         # connections opened so far (the current one's number)
         self.fresh_in: dict[str, int] = {}   # per queue: the last generation that delivered a message not redelivered
         self._taken_bytes = 0       # body bytes taken into batches so far (with `taken`: their mean size)
+        self.prefetch = self.bounds().prefetch      # per queue, as the consumers run now: _fit_prefetch
 
     # --- session ---------------------------------------------------------------------------------
 
@@ -155,8 +136,9 @@ class QueueConsumer:
             raise SourceError(f"the broker refused the credentials for {redact(uri)}: {exc}") from None
         except ConnectError as exc:
             raise SourceError(f"cannot reach the AMQP broker: {exc}") from None
-        if not self.generation:
-            self._default_for_broker(self.conn.server_properties)
+        if not self.generation:     # before any consumer starts: RabbitMQ's default prefetch differs
+            self.rabbitmq = str(self.conn.server_properties.get("product", "")) == "RabbitMQ"
+            self.prefetch = self.bounds().prefetch
         self.consuming = self.consuming or consume
         try:
             for q in self.queues:
@@ -175,21 +157,22 @@ class QueueConsumer:
         self._failures = 0
         self.generation += 1
 
-    def _default_for_broker(self, server_properties: dict) -> None:
-        """Driver, at the first connect, before any consumer starts: without the `prefetch` and
-        `maxMessagesPerTrigger` options, RabbitMQ gets RABBITMQ_DEFAULT_PREFETCH (its queue process pays for
-        every delivery held to a commit); other brokers, ours included, keep DEFAULT_PREFETCH."""
-        if self.options.get("prefetch") or self.options.get("maxMessagesPerTrigger"):
-            return
-        if str(server_properties.get("product", "")) != "RabbitMQ":
-            return
-        self.default_prefetch = RABBITMQ_DEFAULT_PREFETCH
-        self.prefetch = min(self.prefetch, RABBITMQ_DEFAULT_PREFETCH)
+    def bounds(self, max_rows: int | None = None):
+        """Driver: `bounds.bounds()` for this consumer now (prefetch, channels per queue, the next batch's
+        size), from the options, the broker and the mean size of what it has taken so far."""
+        return bounds(self.options, rabbitmq=self.rabbitmq, mean_size=self._mean_size(),
+                      current=self.prefetch if self.consuming else None,
+                      sized_start=self.sized_start, max_rows=max_rows)
+
+    @property
+    def batch_bytes(self) -> int:
+        """maxBytesPerTrigger: the bodies' bytes a batch takes, at most about."""
+        return self.options["maxBytesPerTrigger"]
 
     @property
     def channels_per_queue(self) -> int:
-        """Consuming channels per queue: one per PREFETCH_MAX of the default prefetch (basic.qos's limit)."""
-        return -(-self.default_prefetch // PREFETCH_MAX)
+        """Consuming channels per queue: one per bounds.PREFETCH_MAX of the ceiling (basic.qos's limit)."""
+        return self.bounds().channels
 
     def _open_queue(self, q: QueueState) -> None:
         o = self.options
@@ -346,17 +329,16 @@ class QueueConsumer:
         count = sum(self.taken.values())
         return self._taken_bytes / count if count and self._taken_bytes else None
 
-    def batch_count(self, max_count: int) -> int:
-        """How many deliveries a batch of at most `max_count` and maxBytesPerTrigger takes, by the mean body
-        size taken so far (unknown before the first batch: `max_count`)."""
-        mean = self._mean_size()
-        return max_count if mean is None else max(1, min(max_count, int(self.batch_bytes // mean)))
+    def batch_size(self, max_rows: int | None = None) -> int:
+        """Driver: how many deliveries the next batch takes (half the prefetch, at most `max_rows` and
+        maxBytesPerTrigger by the mean body size so far: `bounds.bounds`)."""
+        return self.bounds(max_rows).batch
 
     def _fit_prefetch(self) -> None:
-        """Driver, after each take, without the `prefetch` option: once message sizes are known, a prefetch
-        that would hold far more than two batches of maxBytesPerTrigger (4 KB messages: 800 MB of the
-        default 200,000) is lowered to that, and one far below it (FIRST_PREFETCH, or after messages shrank)
-        raised, up to the default. RabbitMQ applies a channel's basic.qos to consumers started after it: to
+        """Driver, after each take, without the `prefetch` option: once message sizes are known, the
+        prefetch `bounds()` gives (two batches of maxBytesPerTrigger, within a factor of two of the current
+        one, at most the ceiling) replaces the current one: 4 KB messages lower it, the sized start's
+        FIRST_PREFETCH (or messages that shrank) raise it. RabbitMQ applies a channel's basic.qos to consumers started after it: to
         lower it, each consumer is cancelled and started again (the deliveries it already sent stay unacked
         on the channel, acked with their batches); to raise it, more consumers start beside the running
         ones, for the difference. (Restarted at the higher prefetch, the new consumers would fill it beside
@@ -364,8 +346,8 @@ class QueueConsumer:
         mean = self._mean_size()
         if self.options.get("prefetch") or mean is None or not self.consuming:
             return
-        fitted = max(1000, min(self.default_prefetch, int(2 * self.batch_bytes // mean)))
-        if self.prefetch / 2 <= fitted <= self.prefetch * 2:
+        fitted = self.bounds().prefetch
+        if fitted == self.prefetch:
             return
         log.info("AMQP source: prefetch %d -> %d per queue (messages of %.0f bytes, maxBytesPerTrigger %d)",
                  self.prefetch, fitted, mean, self.batch_bytes)
@@ -517,7 +499,3 @@ class QueueConsumer:
             out[q.name] = {"ready": ready, "unacked": in_batches.get(q.name, 0) + held, "held": held}
         return out
 
-
-def _default_prefetch(options) -> int:
-    per_trigger = options.get("maxMessagesPerTrigger")
-    return max(2 * per_trigger, 1000) if per_trigger else DEFAULT_PREFETCH

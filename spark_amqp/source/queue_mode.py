@@ -30,7 +30,7 @@ import time
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from .. import gc_tuning
-from ..pyspark_versions import ADMISSION_CONTROL, ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
 from . import arrow_rows
 from .consumer import Batch, QueueConsumer, let_go_bodies, put_back_bodies
 from .handoff import FilePartition, HandoffDir, LocalModeProbe, answer_probe, read_file
@@ -179,12 +179,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         return {"seq": 0}
 
     def _batch_cap(self, max_rows: int | None) -> int:
-        consumer = self._session()
-        # Prefetch covers two batches: while batch N waits for its commit, N+1's deliveries arrive.
-        cap = max(1, consumer.prefetch // 2)
-        if max_rows:
-            cap = min(cap, max_rows)
-        return consumer.batch_count(cap)
+        """Driver: how many deliveries the next batch takes, at most `max_rows` (bounds.bounds)."""
+        return self._session().batch_size(max_rows)
 
     def reportLatestOffset(self) -> dict | None:
         """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
@@ -453,8 +449,7 @@ if ADMISSION_CONTROL:
 
         def getDefaultReadLimit(self):
             """Driver. `maxMessagesPerTrigger` bounds each batch."""
-            n = self.options.get("maxMessagesPerTrigger")
-            return ReadMaxRows(n) if n else ReadAllAvailable()
+            return default_read_limit(self.options)
 
         def prepareForTriggerAvailableNow(self) -> None:
             """Driver, once at the start of an availableNow run (before any batch is taken): count what is
@@ -483,7 +478,7 @@ if ADMISSION_CONTROL:
             if self._journal is not None and self._from_journal(seq + 1) is not None:
                 # Journaled by a run that died before Spark logged its offset: that batch is this one.
                 return {"seq": seq + 1}
-            cap = self._batch_cap(limit.max_rows if isinstance(limit, ReadMaxRows) else None)
+            cap = self._batch_cap(max_rows(limit))
             if self._available_now_left is not None:
                 if self._available_now_left <= 0:
                     if not self._barrier_done:

@@ -30,7 +30,7 @@ from ..client.uri import redact
 from ..options import connect_kwargs
 from . import arrow_rows
 
-from ..pyspark_versions import ADMISSION_CONTROL, ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
 
 # PySpark >= 4.2: streaming stream mode needs its admission control (datasource.streamReader refuses it
 # before); on 4.0 / 4.1 streams are read by batch reads only.
@@ -350,8 +350,8 @@ class StreamModeReader(*_READER_BASES):
         return self._driver().starting_offsets("latest")
 
     def getDefaultReadLimit(self):
-        n = self.options.get("maxMessagesPerTrigger")
-        return ReadMaxRows(n) if n else ReadAllAvailable()
+        """Driver. `maxMessagesPerTrigger` bounds each batch."""
+        return default_read_limit(self.options)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Driver, at the start of an availableNow run: read up to where the streams end now."""
@@ -371,8 +371,8 @@ class StreamModeReader(*_READER_BASES):
                 end[s] = begin if begin is not None else 0
             else:
                 end[s] = tail if begin is None else max(begin, tail)
-        max_rows = getattr(limit, "max_rows", None)
-        return _bounded(start, end, max_rows) if max_rows else end
+        most = max_rows(limit)
+        return _bounded(start, end, most) if most else end
 
     def partitions(self, start: dict, end: dict):
         """Driver. The batch's ranges; the rows are read by the executors."""

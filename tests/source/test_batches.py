@@ -10,6 +10,7 @@ from chispa import assert_df_equality
 from proxies import Proxy
 from source_helpers import Collector, checkpoint, needs_admission_control, stream
 from spark_amqp.options import parse
+from spark_amqp.pyspark_versions import ReadAllAvailable
 from spark_amqp.source import queue_mode
 from waiting import wait_until
 
@@ -92,7 +93,7 @@ def test_an_available_now_batch_keeps_filling_across_a_pause_of_the_broker(env):
             reader.prepareForTriggerAvailableNow()
             pausing = threading.Thread(target=pause_once, daemon=True)
             pausing.start()
-            end = reader.latestOffset(start, queue_mode.ReadAllAvailable())
+            end = reader.latestOffset(start, ReadAllAvailable())
             pausing.join(30)
             assert paused.is_set(), "the link was never frozen"
             count = reader._consumer.batches[end["seq"]].count

@@ -37,12 +37,12 @@ def test_large_messages_lower_the_prefetch_to_two_batches(env):
         first = consumer.take(1, 100_000)
         assert first.count == 98, f"a batch of 1 KB messages under 100,000 bytes took {first.count}"
         assert consumer.prefetch == 1000
-        assert consumer.batch_count(100_000) == 97
+        assert consumer.batch_size(100_000) == 97
         consumer.ack_through(1)
         env.publish_bulk(q, [KB] * 5000)
         # Held from the first consumers: 2,902; the new ones may take 1,000 of the 5,000 new messages.
         env.wait_state(q, (4000, 3902), timeout=30)
-        second = consumer.take(2, consumer.batch_count(100_000))
+        second = consumer.take(2, consumer.batch_size(100_000))
         assert second.count == 97
         consumer.ack_through(2)
         # Those 97 were held from the first consumers: acking them frees nothing for the new ones.
@@ -131,7 +131,7 @@ def test_a_sized_start_takes_few_messages_until_their_size_is_known(env):
     consumer.connect()
     try:
         env.wait_state(q, (3000, 2000), timeout=30)
-        first = consumer.take(1, consumer.batch_count(consumer.prefetch // 2))
+        first = consumer.take(1, consumer.batch_size())
         assert first.count == 1000
         assert consumer.prefetch == (2 * 64 * 2**20 // 1024 if env.broker else 40_000)
         env.wait_state(q, (0, 5000), timeout=30)
@@ -360,10 +360,10 @@ def test_a_raised_prefetch_adds_consumers_so_the_broker_sends_no_more_than_it(en
     consumer.connect()
     try:
         env.wait_state(q, (38000, 2000), timeout=30)
-        first = consumer.take(1, consumer.batch_count(consumer.prefetch // 2))
+        first = consumer.take(1, consumer.batch_size())
         assert first.count == 1000 and consumer.prefetch == 7812
         env.wait_state(q, (40000 - 7812, 7812), timeout=30)
-        consumer.batch_bytes = 16_000_000
+        consumer.options["maxBytesPerTrigger"] = 16_000_000
         consumer._fit_prefetch()
         assert consumer.prefetch == 31250
         held = 31252 if env.broker else 31250
