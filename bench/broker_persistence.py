@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     for name in measured:
         print(f"  {name:22s} publish {pub[name]:10,.0f} msg/s   consume {con[name]:10,.0f} msg/s")
     d = "embedded --data-dir"
-    line = (f"README: persistent, durable queue, {args.messages:,} x {args.size} B: --data-dir publish "
+    line = (f"Summary (docs/performance.md): persistent, durable queue, {args.messages:,} x {args.size} B: --data-dir publish "
             f"{pub[d]:,.0f} msg/s ({pub[d] / pub['embedded']:.2f}x no data dir), consume {con[d]:,.0f} msg/s "
             f"({con[d] / con['embedded']:.2f}x)")
     if "RabbitMQ" in measured:

@@ -36,7 +36,7 @@ Run (from the repository root, RabbitMQ running at 127.0.0.1:5672)::
     python bench/broker_vs_rabbitmq.py --skip-embedded      # RabbitMQ only (checks the client code)
     python bench/broker_vs_rabbitmq.py --skip-rabbitmq --no-memory --py-spy /tmp/prof.svg   # profile ours
 
-It prints a table, the two ratios, and a final ``README:`` line to paste into the README.
+It prints a table, the two ratios, and a final summary line for docs/performance.md.
 """
 
 from __future__ import annotations
@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print()
         parts = [f"{n}: publish {a.rate:,.0f} msg/s, consume {b.rate:,.0f} msg/s" for n, (a, b) in med.items()]
-        print(f"README: {args.messages:,} x {args.size} B messages with pika (confirms, window "
+        print(f"Summary (docs/performance.md): {args.messages:,} x {args.size} B messages with pika (confirms, window "
               f"{args.window}; prefetch {args.prefetch}, ack every {args.ack_every}), median of "
               f"{args.rounds}: " + "; ".join(parts) + ratio_text + mem_text + ".")
         return 0

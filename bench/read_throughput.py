@@ -353,7 +353,7 @@ def main(argv=None) -> int:
     finally:
         stop_embedded(proc)
         spark.stop()
-    print("\nREADME: availableNow into noop; pika: prefetch 1000, ack every 100; ceiling: our client alone")
+    print("\nSummary (docs/performance.md): availableNow into noop; pika: prefetch 1000, ack every 100; ceiling: our client alone")
     for line in lines:
         print(f"  {line}")
     return 0

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     line = "; ".join(f"{name} {count} stream{'s' if count > 1 else ''}: pika {a:,.0f} msg/s, spark {b:,.0f} "
                      f"msg/s, ratio {b / a:.2f}, driver {100 * driver / data:.2f}%"
                      for name, count, a, b, driver, _, data in results)
-    print(f"\nREADME: {args.messages:,} x {args.size} B, stream mode availableNow into noop vs pika from "
+    print(f"\nSummary (docs/performance.md): {args.messages:,} x {args.size} B, stream mode availableNow into noop vs pika from "
           f"first (prefetch 1000, ack every 100): {line}")
     return 0
 

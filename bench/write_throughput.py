@@ -7,8 +7,7 @@ What it measures:
   with ``df.write.format("amqp").mode("append")`` to a fresh queue through the default exchange
   (``routingKey`` = the queue), publisher confirms, window 1,000 per task (the default ``publishWindow``).
   Timed around the ``save()`` call: planning, task start, connecting, publishing, waiting for every
-  confirm. The Arrow writer is what ``format("amqp")`` uses; ``--writer rows`` or ``both`` also measures the
-  Row writer (``spark_amqp.sink.writer.AMQPRowWriter``) through a data source registered as ``amqprows``.
+  confirm (the Arrow writer, ``spark_amqp.sink.writer.AMQPWriter``).
 * pika: the same messages (same bodies, same queue, same broker) from one pika ``SelectConnection`` with
   publisher confirms and at most 1,000 unconfirmed (``bench/broker_vs_rabbitmq.py``'s ``Publisher``),
   timed from the first publish to the last confirm.
@@ -127,27 +126,12 @@ def spark_session():
              .config("spark.driver.memory", "2g")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    from spark_amqp.datasource import AMQPDataSource
-    from spark_amqp.sink.writer import AMQPRowWriter
-    from spark_amqp import options as opts
-
-    class RowsDataSource(AMQPDataSource):
-        """format("amqprows"): the amqp sink with the Row writer instead of the Arrow writer."""
-
-        @classmethod
-        def name(cls):
-            return "amqprows"
-
-        def writer(self, schema, overwrite):
-            return AMQPRowWriter(opts.parse(self.options, "sink"), schema)
-
-    spark.dataSource.register(RowsDataSource)
     return spark
 
 
-def ours_run(df, fmt: str, url: str, queue: str, n: int) -> float:
+def ours_run(df, url: str, queue: str, n: int) -> float:
     t0 = time.perf_counter()
-    (df.write.format(fmt).mode("append").option("uri", url).option("routingKey", queue).save())
+    (df.write.format("amqp").mode("append").option("uri", url).option("routingKey", queue).save())
     return n / (time.perf_counter() - t0)
 
 
@@ -191,31 +175,28 @@ def cpu(target: Target) -> float:
     return target.server_cpu() or 0.0
 
 
-def bench_broker(spark, df, target: Target, args, writers: list[str]) -> dict:
+def bench_broker(spark, df, target: Target, args) -> dict:
     admin = Admin(target.url)
-    results: dict[str, list[float]] = {w: [] for w in writers}
-    results["pika"] = []
+    results: dict[str, list[float]] = {"ours": [], "pika": []}
     server_cpu: dict[str, list[float]] = {k: [] for k in results}
     try:
         queue = admin.declare(f"bench-write-{uuid.uuid4().hex[:10]}")
         warm = df.limit(20_000)
-        for w in writers:   # start the Python workers and JIT the JVM side before timing
-            ours_run(warm, "amqp" if w == "arrow" else "amqprows", target.url, queue, 20_000)
-            admin.expect(queue, 20_000, "warm-up")
+        ours_run(warm, target.url, queue, 20_000)   # start the Python workers and JIT the JVM side first
+        admin.expect(queue, 20_000, "warm-up")
         for r in range(args.rounds):
-            order = (writers + ["pika"]) if r % 2 == 0 else (["pika"] + writers)
+            order = ["ours", "pika"] if r % 2 == 0 else ["pika", "ours"]
             for who in order:
                 c0 = cpu(target)
                 if who == "pika":
                     rate = pika_run(target.url, queue, args.messages, args.size, args.window)
                 else:
-                    rate = ours_run(df, "amqp" if who == "arrow" else "amqprows", target.url, queue,
-                                    args.messages)
+                    rate = ours_run(df, target.url, queue, args.messages)
                 used = cpu(target) - c0
                 admin.expect(queue, args.messages, f"{target.name} {who} round {r + 1}")
                 results[who].append(rate)
                 server_cpu[who].append(used / args.messages * 1e6)
-                label = {"arrow": "ours (Arrow writer)", "rows": "ours (Row writer)", "pika": "pika"}[who]
+                label = {"ours": "ours (Arrow writer)", "pika": "pika"}[who]
                 print(f"  round {r + 1} {target.name:9s} {label:20s} {rate:>10,.0f} msg/s   "
                       f"broker CPU {used / args.messages * 1e6:5.1f} µs/msg", flush=True)
         if args.ceiling:
@@ -238,14 +219,12 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--window", type=int, default=1000, help="pika's unconfirmed window")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--writer", choices=("arrow", "rows", "both"), default="arrow")
     ap.add_argument("--rabbitmq-url", default=DEFAULT_RABBITMQ_URL)
     ap.add_argument("--skip-rabbitmq", action="store_true")
     ap.add_argument("--skip-embedded", action="store_true")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="skip the bare 2-publisher run that measures the broker's ceiling")
     args = ap.parse_args(argv)
-    writers = ["arrow", "rows"] if args.writer == "both" else [args.writer]
 
     from pyspark.sql.datasource import DataSourceArrowWriter
     from spark_amqp.sink.writer import AMQPWriter
@@ -267,13 +246,13 @@ def main(argv=None) -> int:
             log_path = Path(tempfile.gettempdir()) / f"bench-write-broker-{os.getpid()}.log"
             proc, target = start_embedded(log_path)
             print(f"embedded broker: pid {proc.pid}, {target.url}", flush=True)
-            summary["embedded"] = bench_broker(spark, df, target, args, writers)
+            summary["embedded"] = bench_broker(spark, df, target, args)
             stop_embedded(proc)
             proc = None
         if not args.skip_rabbitmq:
             target = Target("rabbitmq", args.rabbitmq_url, find_listener(args.rabbitmq_url))
             print(f"RabbitMQ: {args.rabbitmq_url.split('@')[-1]}", flush=True)
-            summary["rabbitmq"] = bench_broker(spark, df, target, args, writers)
+            summary["rabbitmq"] = bench_broker(spark, df, target, args)
     finally:
         if proc is not None:
             stop_embedded(proc)
@@ -284,21 +263,20 @@ def main(argv=None) -> int:
     line = []
     for broker, res in summary.items():
         pika_rate = res["pika"][0]
-        for who in writers + ["pika"] + (["ceiling"] if "ceiling" in res else []):
+        for who in ["ours", "pika"] + (["ceiling"] if "ceiling" in res else []):
             rate, c = res[who]
             ratio = f"{rate / pika_rate:6.2f}" if who != "pika" else ""
             print(f"  {broker:9s} {who:8s} {rate:>12,.0f}   {c:10.1f}          {ratio}")
         if "ceiling" in res:
-            print(f"  {broker:9s} ours (Arrow) / ceiling: {res[writers[0]][0] / res['ceiling'][0]:.2f}")
-        for who in writers:
-            r = res[who][0] / pika_rate
-            met = "met" if r >= 2.0 else "NOT met"
-            line.append(f"{broker} {who}: {res[who][0]:,.0f} vs pika {pika_rate:,.0f} msg/s = {r:.2f} "
-                        f"(target >= 2.0: {met})")
+            print(f"  {broker:9s} ours (Arrow) / ceiling: {res['ours'][0] / res['ceiling'][0]:.2f}")
+        r = res["ours"][0] / pika_rate
+        met = "met" if r >= 2.0 else "NOT met"
+        line.append(f"{broker} ours: {res['ours'][0]:,.0f} vs pika {pika_rate:,.0f} msg/s = {r:.2f} "
+                    f"(target >= 2.0: {met})")
         if "ceiling" in res:
             line.append(f"{broker} ceiling (2 bare publishers, no Spark): {res['ceiling'][0]:,.0f} msg/s = "
                         f"{res['ceiling'][0] / pika_rate:.2f} x pika")
-    print("\nREADME: " + "; ".join(line))
+    print("\nSummary (docs/performance.md): " + "; ".join(line))
     return 0
 
 

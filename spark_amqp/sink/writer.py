@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
-from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 
 # PySpark >= 4.1: streaming writes in Arrow batches; on 4.0 they get Rows (AMQPStreamWriter is the Row writer)
 from ..pyspark_versions import DataSourceStreamArrowWriter
@@ -98,7 +98,8 @@ def _log_abort(what: str, messages) -> None:
 
 
 class _Base:
-    """Shared by the four writer classes: checked options + column plan, and the task body."""
+    """Shared by the writer classes: checked options + column plan, and the task body (Arrow batches in,
+    or Rows on PySpark 4.0's streaming writes)."""
 
     _arrow = True
     _streaming = False
@@ -159,19 +160,9 @@ if DataSourceStreamArrowWriter is not None:
         """`df.writeStream.format("amqp")`: each micro-batch's partitions published with confirms."""
 
         _arrow = True
+else:
+    class AMQPStreamWriter(_StreamBase, DataSourceStreamWriter):
+        """`df.writeStream.format("amqp")` on PySpark 4.0, whose streaming writers get Rows: the same
+        publishing, fed from Rows (`publisher.row_chunks`)."""
 
-
-class AMQPRowWriter(_BatchBase, DataSourceWriter):
-    """The same batch writer fed with Rows instead of Arrow batches (kept for the benchmark comparison)."""
-
-    _arrow = False
-
-
-class AMQPRowStreamWriter(_StreamBase, DataSourceStreamWriter):
-    """The same stream writer fed with Rows (kept for the benchmark comparison)."""
-
-    _arrow = False
-
-
-if DataSourceStreamArrowWriter is None:
-    AMQPStreamWriter = AMQPRowStreamWriter
+        _arrow = False

@@ -176,19 +176,25 @@ def test_a_row_read_from_a_queue_and_written_unchanged_is_the_same_message(spark
         assert raw1 == raw0, f"{properties.to_columns(raw1)} != {properties.to_columns(raw0)}"
 
 
-def test_the_row_writer_publishes_the_same_bytes_as_the_arrow_writer(spark, broker_url, admin, unique_name):
-    """The Row writers are kept as the benchmark's baseline: they must publish exactly what the Arrow ones do."""
+def test_the_row_path_publishes_the_same_bytes_as_the_arrow_path(spark, broker_url, admin, unique_name):
+    """PySpark 4.0's streaming writes get Rows (`publisher.row_chunks`): fed the same rows, that path must
+    publish exactly what the Arrow path does. A batch writer fed Rows, defined here, runs it on any PySpark."""
+    from pyspark.sql.datasource import DataSourceWriter
+
     from spark_amqp import options as opts
     from spark_amqp.datasource import AMQPDataSource
-    from spark_amqp.sink.writer import AMQPRowWriter
+    from spark_amqp.sink.writer import _BatchBase
 
-    class RowsDataSource(AMQPDataSource):   # defined here: cloudpickle ships it to the workers by value
+    class RowWriter(_BatchBase, DataSourceWriter):
+        _arrow = False
+
+    class RowsDataSource(AMQPDataSource):   # defined here: cloudpickle ships both to the workers by value
         @classmethod
         def name(cls):
             return "amqprows"
 
         def writer(self, schema, overwrite):
-            return AMQPRowWriter(opts.parse(self.options, "sink"), schema)
+            return RowWriter(opts.parse(self.options, "sink"), schema)
 
     spark.dataSource.register(RowsDataSource)
     queue = admin.queue(unique_name("rows"))
