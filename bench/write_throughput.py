@@ -27,7 +27,6 @@ Run (repository root; takes the Spark lock so that only one Spark job runs on th
 
     flock /tmp/spark.lock python bench/write_throughput.py
     flock /tmp/spark.lock python bench/write_throughput.py --messages 200000 --rounds 1 --skip-rabbitmq
-    flock /tmp/spark.lock python bench/write_throughput.py --writer both      # Arrow vs Row writer too
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ text, so that SQL can use it (`CAST(headers['retries'] AS INT)`), and `header_ty
 AMQP field type, so that nothing is lost: a row read by the source and written by the sink publishes the
 same header bytes.
 
-Text of each field type (the README's "Header values" table says the same):
+Text of each field type (docs/source.md's "Header values" table says the same):
 
 | field type (letter) and its name in `header_types`                  | text in `headers`                    |
 |----------------------------------------------------------------------|--------------------------------------|

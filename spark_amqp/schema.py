@@ -1,4 +1,4 @@
-"""The row schema of the `amqp` source, which is also what the sink reads (DESIGN.md, "Row schema").
+"""The row schema of the `amqp` source, which is also what the sink reads (docs/design.md; users: docs/source.md, "Row schema").
 
 Defined once, here: `COLUMNS` lists every column with its type, and the Spark schema (`SCHEMA`, what the
 data source reports), the Arrow schema (`ARROW_SCHEMA`, what the reader's record batches carry) and the

@@ -130,7 +130,7 @@ def spark():
 
     builder = SparkSession.builder
     if not ADMISSION_CONTROL:
-        # PySpark 4.0 / 4.1: availableNow for a Python source only through Spark's wrapper (README).
+        # PySpark 4.0 / 4.1: availableNow for a Python source only through Spark's wrapper (docs/source.md).
         builder = builder.config("spark.sql.streaming.triggerAvailableNowWrapper.enabled", "true")
     session = (builder.master("local[2]").appName("spark-amqp-tests")
                .config("spark.ui.enabled", "false")

@@ -285,7 +285,7 @@ class Connection:
         parsing the next deliveries holds the GIL half the time and doubles that work's wall time. What the
         broker sends meanwhile waits in the socket (TCP flow control); nothing is lost. Nothing inside the
         block may wait for the broker (an RPC would wait out the pause). Used by the streaming source's
-        driver while it builds a batch's partitions (README, Performance)."""
+        driver while it builds a batch's partitions (docs/performance.md)."""
         if self.heartbeat:
             most = min(most, self.heartbeat / 4)
         self._pause_most = most

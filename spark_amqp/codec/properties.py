@@ -46,6 +46,19 @@ def flags_of(raw: bytes, offset: int = 0) -> int:
     return _u16.unpack_from(raw, offset)[0]
 
 
+def headers_at(raw: bytes) -> int | None:
+    """Where the headers table (its 4-byte length) starts in property bytes `raw`, None without headers:
+    after the flags word and the content-type and content-encoding that precede it (short strings)."""
+    flags = _u16.unpack_from(raw, 0)[0]
+    if not flags & FLAG["headers"]:
+        return None
+    pos = 2
+    for name in ("content_type", "content_encoding"):
+        if flags & FLAG[name]:
+            pos += 1 + raw[pos]
+    return pos
+
+
 def split(raw: bytes) -> dict[str, bytes]:
     """{property: its encoded value, exactly as on the wire} for the properties present in `raw`."""
     if len(raw) < 2:

@@ -1,4 +1,4 @@
-"""The `amqp` sink: `df.write.format("amqp")` and `df.writeStream.format("amqp")` (DESIGN.md, "The sink").
+"""The `amqp` sink: `df.write.format("amqp")` and `df.writeStream.format("amqp")` (docs/sink.md; its design: docs/design.md).
 
 Modules: `columns` (which column is which part of a message; schema checks on the driver; property bytes
 per row), `publisher` (the per-task publish loop with confirms, and its errors), `writer` (the PySpark

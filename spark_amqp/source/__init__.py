@@ -1,1 +1,2 @@
-"""The `amqp` source: queue mode (driver-side consumer, acks at micro-batch commit) and batch reads."""
+"""The `amqp` source: queue mode (`queue_mode`: a driver-side consumer, acks at micro-batch commit), stream
+mode (`stream_mode`: offset ranges of stream queues read on executors) and batch reads of both."""

@@ -27,10 +27,10 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from ..client import AMQPError, ChannelClosedError, Connection
 from ..client.uri import redact
+from ..codec.properties import headers_at
 from ..options import connect_kwargs
-from . import arrow_rows
-
 from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
+from . import arrow_rows
 
 # PySpark >= 4.2: streaming stream mode needs its admission control (datasource.streamReader refuses it
 # before); on 4.0 / 4.1 streams are read by batch reads only.
@@ -92,11 +92,7 @@ def split_offsets(deliveries) -> tuple[list[int], list[bytes], bool]:
         shape = raw[:i] + raw[i + OFFSET_ENTRY:]
         fixed = shapes.get(shape)
         if fixed is None:
-            pos = 2                          # property flags; content-type and -encoding precede headers
-            if raw[0] & 0x80:
-                pos += 1 + raw[pos]
-            if raw[0] & 0x40:
-                pos += 1 + raw[pos]
+            pos = headers_at(raw)           # the entry is in the headers: they are there
             length = struct.unpack_from(">I", raw, pos)[0] - OFFSET_ENTRY
             fixed = shapes[shape] = raw[:pos] + struct.pack(">I", length) + raw[pos + 4:i] + raw[i + OFFSET_ENTRY:]
             first = i == pos + 4

@@ -11,7 +11,7 @@ write, then a sync (tx.commit, channel.open on a fresh channel), then our half o
 the broker always reaches the end of what was sent and closes. Asserted for every case: no reply code 541
 INTERNAL_ERROR (neither connection.close nor channel.close), no error logged by the broker (no
 traceback); afterwards a fresh connection works. RabbitMQ is not fuzzed (a shared broker; it answers a
-malformed property list or field table with 541 itself, see test_hostile_input.py and the README).
+malformed property list or field table with 541 itself, see test_hostile_input.py and docs/broker.md).
 """
 
 from __future__ import annotations

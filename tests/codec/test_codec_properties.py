@@ -380,3 +380,19 @@ def test_flags_continuation_is_refused():
 def test_to_pamqp_bad_utf8_is_property_error():
     with pytest.raises(PropertyError):
         properties.to_pamqp(b"\x80\x00\x02\xc3\x28")
+
+
+@pytest.mark.parametrize("columns", [
+    {"headers": {"a": "1"}},
+    {"content_type": "text/plain", "headers": {"a": "1"}},
+    {"content_encoding": "gzip", "headers": {}},
+    {"content_type": "application/json", "content_encoding": "utf-8", "headers": {"x": "y"}, "priority": 3},
+    {"content_type": "text/plain"},
+])
+def test_headers_at_finds_the_headers_table_after_the_strings_before_it(columns):
+    raw = properties.encode(columns)
+    at = properties.headers_at(raw)
+    if "headers" not in columns:
+        assert at is None
+        return
+    assert raw[at:at + 4 + int.from_bytes(raw[at:at + 4], "big")] == properties.split(raw)["headers"]

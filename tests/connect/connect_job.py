@@ -57,7 +57,7 @@ def check(spark, url: str, tag: str) -> None:
 
 def main() -> None:
     """One Connect server (a start costs tens of seconds): first with the source as PySpark discovers it,
-    then after registering it explicitly, as the README tells Connect users to."""
+    then after registering it explicitly, as docs/source.md tells Connect users to."""
     with Broker(port=0) as broker:
         spark = (SparkSession.builder.remote("local[2]")
                  .config("spark.ui.enabled", "false").getOrCreate())

@@ -121,7 +121,7 @@ def test_connection_cut_mid_batch_loses_no_confirmed_message(spark, broker_url, 
 
     def start(url):
         rows = spark.readStream.schema("n long").csv(str(src)).selectExpr("CAST(n AS STRING) AS body")
-        # PySpark 4.0/4.1 print the sink's options in a failed query's error: there the README says to pass
+        # PySpark 4.0/4.1 print the sink's options in a failed query's error: there docs/source.md says to pass
         # the URI as `url` (or the password as `password`), which Spark's default redaction hides.
         uri_key = "uri" if ADMISSION_CONTROL else "url"
         return (rows.writeStream.format("amqp").option(uri_key, url).option("routingKey", queue)

@@ -136,7 +136,7 @@ def test_every_property_and_header_type_written_by_the_sink(spark, broker_url, a
 
 
 def source_row(exchange, routing_key, raw, body, queue, tag):
-    """The row the source builds from a delivery (DESIGN.md "Row schema")."""
+    """The row the source builds from a delivery (docs/source.md, "Row schema")."""
     values = dict.fromkeys(SCHEMA.fieldNames())
     values.update(body=body, exchange=exchange, routing_key=routing_key, queue=queue, delivery_tag=tag,
                   redelivered=False, stream_offset=None)

@@ -231,7 +231,7 @@ def checkpoint(tmp_path, name: str = "chk") -> str:
 
 
 # PySpark 4.0 / 4.1 run a Python source's availableNow as one batch per run and have no reportLatestOffset
-# (README, "PySpark versions"); tests of what 4.2's admission control gives are skipped there.
+# (docs/source.md, "PySpark versions"); tests of what 4.2's admission control gives are skipped there.
 needs_admission_control = pytest.mark.skipif(
     not ADMISSION_CONTROL, reason="needs PySpark >= 4.2 (admission control: availableNow in batches, "
                                   "reportLatestOffset); 4.0/4.1 run availableNow as one batch per run")

@@ -30,7 +30,7 @@ def main() -> int:
 
     spark = (SparkSession.builder.master("local[2]").appName("stream-job")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             # PySpark 4.0 / 4.1: availableNow for a Python source only through Spark's wrapper (README).
+             # PySpark 4.0 / 4.1: availableNow for a Python source only through Spark's wrapper (docs/source.md).
              .config("spark.sql.streaming.triggerAvailableNowWrapper.enabled", str(not ADMISSION_CONTROL).lower())
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,5 +1,5 @@
 """Acks map to commits: a delivery is acked once Spark has committed the batch that holds it, not earlier,
-and then promptly (DESIGN.md, "When to ack, precisely").
+and then promptly (docs/design.md, the ack semantics).
 
 The probe is a foreachBatch sink: while batch N runs, it asks the broker how many of the queue's messages
 it still holds (ready + unacked). Nothing of batch N or later may be acked yet, and every earlier batch

@@ -1,7 +1,7 @@
 """Every property and every header field type, from a real publisher to rows, as the docs say.
 
 The expected rows are written out by hand from the documented rule (spark_amqp/headers.py's docstring and
-the README's "Header values" table: natural text in `headers`, the field type in `header_types`), not
+docs/source.md's "Header values" table: natural text in `headers`, the field type in `header_types`), not
 computed with the connector's own code, and compared with chispa against what
 `spark.readStream.format("amqp")` produced.
 """
