@@ -156,7 +156,7 @@ class Option:
     default: Any
     check: Callable
     doc: str
-    pyspark: str = "4.0"   # the oldest PySpark the option works on (README, "PySpark versions")
+    pyspark: str = "4.0"   # the oldest PySpark the option works on (docs/source.md, "PySpark versions")
 
 
 OPTIONS = (
@@ -171,10 +171,11 @@ OPTIONS = (
     Option("queue", "source", None, _names,
            "Queue(s) to consume, comma-separated. Required for the source."),
     Option("exchange", "both", None, _shortstr,
-           "Source: exchange to bind the queue(s) to (with `declare=declare`). Sink: default exchange for "
-           "rows without an `exchange` column (default: the default exchange `\"\"`)."),
+           "Source: exchange to bind the queue(s) to (with `declare=declare`). Sink: the exchange of every "
+           "row; given, it overrides an `exchange` column (without either: the default exchange `\"\"`)."),
     Option("routingKey", "sink", None, _shortstr,
-           "Sink: default routing key for rows without a `routing_key` column."),
+           "Sink: the routing key of every row; given, it overrides a `routing_key` column (a row read from "
+           "queue `q` carries `q` there)."),
     Option("bindingKeys", "source", None, _keys,
            "Source: binding keys for the queue-to-exchange bindings, comma-separated (default: the queue name)."),
     Option("declare", "source", "passive", _choice("none", "passive", "declare"),
@@ -276,7 +277,9 @@ def markdown_table() -> str:
             return "—"
         return f"`{str(default).lower() if isinstance(default, bool) else default}`"
     lines = ["| option | applies to | default | PySpark | meaning |", "|---|---|---|---|---|"]
-    lines += [f"| `{o.name}` | {o.roles} | {shown(o.default)} | {o.pyspark}+ | {o.doc} |" for o in OPTIONS]
+    # A `|` splits a table cell even inside backticks: escaped.
+    lines += [f"| `{o.name}` | {o.roles} | {shown(o.default)} | {o.pyspark}+ | {o.doc.replace('|', chr(92) + '|')} |"
+              for o in OPTIONS]
     return "\n".join(lines)
 BY_KEY["url"] = BY_KEY["uri"]     # an alias that Spark's default redaction (`(?i)url`) hides in plans
 
@@ -383,6 +386,12 @@ def parse(options, role: str) -> Options:
         if out["queueType"] == "stream" and out.get("handoffPath"):
             raise OptionError("handoffPath", out["handoffPath"], "applies to queue mode only: in stream mode "
                               "the executors read the streams themselves")
+        ending = out.get("endingOffsets")
+        if ending == "earliest" or (isinstance(ending, dict) and -2 in ending.values()):
+            # As Spark's Kafka source: a read that ends where the stream begins reads nothing.
+            raise OptionError("endingOffsets", ending if isinstance(ending, str) else json.dumps(ending),
+                              "an end cannot be earliest (-2): expected latest, or a JSON object of stream "
+                              "-> offset (-1: latest)")
         if out["queueType"] == "stream":
             for n in ("startingOffsets", "endingOffsets"):
                 unknown = sorted(set(out[n]) - set(out["queue"])) if isinstance(out.get(n), dict) else []

@@ -28,3 +28,12 @@ def test_no_suggestion_for_something_unrelated():
     with pytest.raises(opts.OptionError) as err:
         opts.parse({"uri": URI, "queue": "q", "colour": "blue"}, "source")
     assert "Did you mean" not in str(err.value) and "Known options: uri" in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["earliest", '{"s": -2}'])
+def test_an_end_at_earliest_is_refused_as_kafkas_source_refuses_it(value):
+    with pytest.raises(opts.OptionError) as err:
+        opts.parse({"uri": URI, "queue": "s", "queueType": "stream", "endingOffsets": value}, "source")
+    assert "option 'endingOffsets'" in str(err.value) and "cannot be earliest" in str(err.value)
+    assert opts.parse({"uri": URI, "queue": "s", "queueType": "stream", "endingOffsets": '{"s": -1}'},
+                      "source")["endingOffsets"] == {"s": -1}
