@@ -3,22 +3,12 @@
 Every method is (un)marshalled by pamqp (`unmarshal_method`, `frames.method_frame`), except the per-message
 ones, where building and validating a pamqp object per message is most of what a Python broker or client
 would spend its time on. Those are written here with `struct`, each as an encode/decode pair side by
-side, and tested byte for byte against pamqp (tests/codec). Gain over pamqp, from one run of
-`python bench/codec_hot_paths.py` (100,000 messages of 100 B, typical properties; operations per second,
-ours / pamqp's; docs/performance.md has the current run):
-
-| method (spec section)              | encode (who)                         | decode (who)                         |
-|------------------------------------|--------------------------------------|--------------------------------------|
-| basic.publish + content (1.8.3.7)  | 14.9x (client, sink)                 | 14.1x (broker)                       |
-| basic.deliver + content (1.8.3.9)  | 8.7x (broker) [2]                    | 11.3x (client, source) [1]           |
-| basic.ack (1.8.3.13) / basic.nack  | 9.3x (client; the broker's confirms) | 4.7x (broker; the client's confirms) |
-
-[1] The client takes a whole delivery off its receive buffer in one pass (`client/events.py`,
-`_whole_deliveries`), not through `frames.FrameReader`: in one run of the benchmark, 430,000 deliveries/s
-through frames (8.6x) and 545,000/s in one pass (10.9x).
-[2] The broker writes a delivery whose body fits one frame as one part (`deliver_frames`): in one run,
-1,385,248-1,401,382 deliveries/s (14.4-14.5x) against 1,027,694 (10.9x) for `encode_deliver` plus
-`content_frames` as separate parts.
+side, and tested byte for byte against pamqp (tests/codec). Each is several times faster than pamqp's
+object path: `python bench/codec_hot_paths.py` measures each against it, and docs/performance.md holds the
+current figures. basic.publish and basic.ack are encoded by the client and decoded by the broker;
+basic.deliver the other way round. The client takes a whole delivery off its receive buffer in one pass
+(`client/events.py`, `_whole_deliveries`), not through `frames.FrameReader`; the broker writes a delivery
+whose body fits one frame as one part (`deliver_frames`).
 
 basic.get-ok and basic.return are decoded by hand too (the client reads them into the same `Delivery`
 objects as deliveries); the broker encodes them with pamqp, as they are not per-message in bulk.
