@@ -15,6 +15,7 @@ import struct
 from pamqp import commands as C
 
 from spark_amqp.codec import fields, frames, methods, properties, replies
+from spark_amqp.codec.frames import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD
 
 from . import access, limits, state
 from .channel import Channel
@@ -217,7 +218,7 @@ class Connection:
         return ("PLAIN", "AMQPLAIN", "EXTERNAL") if self.peer_cert_subject is not None else ("PLAIN", "AMQPLAIN")
 
     def _frame(self, ftype: int, channel: int, payload: bytes) -> None:
-        if ftype == frames.FRAME_METHOD:
+        if ftype == FRAME_METHOD:
             if channel:
                 ch = self.channels.get(channel)
                 if ch is not None and ch.pending is None and len(payload) >= 4:
@@ -244,7 +245,7 @@ class Connection:
                             self._exception_on(ch, exc)
                         return
             self._method(channel, payload)
-        elif ftype == frames.FRAME_HEADER:
+        elif ftype == FRAME_HEADER:
             ch = self._content_channel(channel)
             if ch is None:
                 return
@@ -255,7 +256,7 @@ class Connection:
                 ch.on_header(payload)
             except replies.AMQPError as exc:
                 self._exception_on(ch, exc)
-        elif ftype == frames.FRAME_BODY:
+        elif ftype == FRAME_BODY:
             ch = self._content_channel(channel)
             if ch is None:
                 return
@@ -266,7 +267,7 @@ class Connection:
                 ch.on_body(payload)
             except replies.AMQPError as exc:
                 self._exception_on(ch, exc)
-        elif ftype == frames.FRAME_HEARTBEAT:
+        elif ftype == FRAME_HEARTBEAT:
             if channel:
                 raise replies.connection_error(replies.UNEXPECTED_FRAME,
                                                f"heartbeat frame on channel {channel}")
