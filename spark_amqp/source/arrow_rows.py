@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 
 import numpy as np
 import pyarrow as pa
@@ -35,16 +34,6 @@ JVM_BATCH_BYTES = 16 * 2**20
 # Rows of one record batch an executor reads off a connection (batch reads, stream ranges), at most: with
 # JVM_BATCH_BYTES, whichever bound comes first ends the batch.
 ROWS_PER_RECORD_BATCH = 10_000
-
-
-def warm_up_in_background() -> None:
-    """Driver, when the source connects: pyarrow imports pandas on its first `pa.array` of a Python list
-    (to ask whether the list is a pandas object), 0.25-0.45 s of CPU that would otherwise delay the query's
-    first batch. A daemon thread pays it while the consumers wait for their first deliveries; a `pa.array`
-    that comes while the import runs waits for it (pyarrow's lock, or Python's import lock), never longer
-    than it would have taken itself."""
-    threading.Thread(target=pa.array, args=([b""], pa.binary()), name="spark-amqp arrow warm-up",
-                     daemon=True).start()
 
 
 def to_record_batch(deliveries_by_queue: list[tuple[str, list]],

@@ -1,7 +1,7 @@
 """`spark.readStream.format("amqp")`, queue mode: a micro-batch is what the driver's consumers received,
 acked once Spark has committed it.
 
-Where things run (measured on PySpark 4.3.0, DESIGN.md): `initialOffset`, `latestOffset`, `partitions`,
+Where things run (measured on PySpark 4.3.0, docs/design.md): `initialOffset`, `latestOffset`, `partitions`,
 `commit` and `stop` run on the driver, in one long-lived Python process per query, so that process owns the
 AMQP connection; `read` runs on executors with a copy of this object pickled at planning time, so it uses
 only its partition (the batch's rows as Arrow IPC bytes, or with `handoffPath` the path of a file holding
@@ -63,7 +63,7 @@ BACKLOG_REFRESH = 5.0
 FILL_WAIT = 1.0
 # An availableNow batch, once its first deliveries are here, waits up to AVAILABLE_NOW_FILL seconds for the
 # rest while they keep arriving, up to AVAILABLE_NOW_IDLE seconds apart. RabbitMQ pauses its deliveries for
-# 0.1-1.8 s while the source holds a batch (its queue process collecting garbage: README, Performance), and
+# 0.1-1.8 s while the source holds a batch (its queue process collecting garbage: docs/performance.md), and
 # a gap of 0.1 s ended the batch: 1,000,000 x 100 B went in 56-58 batches of 25-100,000 rows. With a 4 s
 # bound and this gap, 15 batches, the JVM's CPU per message fell from 12.2-13.5 to 4.6-5.2 µs, and the
 # source read 23,828-24,200 msg/s against 20,772-20,851 (alternating, one Spark session, a slow machine:
@@ -125,7 +125,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 self._handoff = HandoffDir(self.options["handoffPath"])
             elif self.options.get("handoff") == "auto" and self._handoff is None and self._probe is None:
                 self._probe = LocalModeProbe()
-            arrow_rows.warm_up_in_background()
             gc_tuning.for_message_holding_process()   # this process runs only the source (Spark's runner)
             consumer = QueueConsumer(self.options, journal=self._journal, sized_start=self.SIZED_START)
             consumer.connect(consume=False)
@@ -367,8 +366,8 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
 
     SIZED_START = False     # under availableNow the first batch is the whole run: it must be full-sized
     # A restart on these versions may serve a committed batch's file that still has its uncommitted name
-    # (README, journalPath's limits), so each commit waits for the broker's answer behind its acks and the
-    # journal renames or removes the batch's file at once, as before the answer was taken later.
+    # (docs/source.md, journalPath's limits), so each commit waits for the broker's answer behind its acks
+    # and the journal renames or removes the batch's file at once.
     ACKS_ANSWERED_LATER = False
 
     def __init__(self, options):
