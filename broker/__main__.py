@@ -10,6 +10,7 @@ import sys
 
 from spark_amqp import gc_tuning
 
+from . import versions
 from .config import BrokerConfig
 from .server import Server
 
@@ -23,6 +24,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=None, help="port to listen on (default 5672; 0 = ephemeral)")
     p.add_argument("--user", action="append", metavar="NAME:PASSWORD",
                    help="a user allowed to connect (repeatable; default guest:guest)")
+    p.add_argument("--rabbitmq-version", default=None, metavar="VERSION",
+                   help="the RabbitMQ version to behave as where versions differ: "
+                        f"{', '.join(sorted(versions.BEHAVIOURS))} (default {versions.DEFAULT_VERSION})")
     p.add_argument("--memory-high-watermark", default=None, metavar="BYTES|FRACTION|off",
                    help="block publishers above this many bytes of queued message data: a byte count "
                         "(1073741824), a fraction of total memory (default 0.4, as RabbitMQ) or off")
@@ -68,7 +72,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
                  "tls_port": args.tls_port, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
                  "tls_ca": args.tls_ca, "tls_verify_peer": args.tls_verify_peer,
                  "definitions": args.definitions, "memory_high_watermark": args.memory_high_watermark,
-                 "ssl_cert_login_from": args.ssl_cert_login_from}
+                 "ssl_cert_login_from": args.ssl_cert_login_from, "rabbitmq_version": args.rabbitmq_version}
     if args.config:
         return BrokerConfig.from_toml(args.config, **overrides)
     values = {k: v for k, v in overrides.items() if v is not None}

@@ -186,11 +186,14 @@ class AccessControl:
 
     `permissions` maps (user, vhost) to compiled (configure, write, read); `topic_permissions` maps
     (user, vhost, exchange) to compiled (write, read). `open_vhosts`: no permissions were configured at all,
-    so every user may do everything on every vhost (the broker's behaviour before permissions existed)."""
+    so every user may do everything on every vhost (the broker's behaviour before permissions existed).
+    `name_permission`: refusal texts start with the permission refused ("configure access to ...", as 4.x's;
+    versions.Behaviour.access_texts_name_permission)."""
 
     def __init__(self, users: dict[str, User], permissions: dict, topic_permissions: dict,
-                 loopback_users=("guest",), open_vhosts: bool = False):
+                 loopback_users=("guest",), open_vhosts: bool = False, name_permission: bool = False):
         self.users = users
+        self.name_permission = name_permission
         self.permissions = {k: tuple(compile_regex(p, "permission") for p in v) for k, v in permissions.items()}
         self.topic_permissions = {k: tuple(compile_regex(p, "topic permission") for p in v)
                                   for k, v in topic_permissions.items()}
@@ -239,7 +242,8 @@ class AccessControl:
             return
         regexes = self.permissions.get((user, vhost))
         if regexes is None or regexes[perm].search(name) is None:
-            raise _refused(f"access to {kind} '{name}' in vhost '{vhost}' refused for user '{user}'")
+            raise _refused(f"{self._which(('configure', 'write', 'read')[perm])}access to {kind} '{name}' in "
+                           f"vhost '{vhost}' refused for user '{user}'")
         if len(self._memo) > 10_000:
             self._memo.clear()
         self._memo[key] = True
@@ -253,8 +257,11 @@ class AccessControl:
         if "{" in pattern:
             pattern = pattern.replace("{username}", user).replace("{vhost}", vhost)
         if re.search(pattern or "^$", routing_key) is None:
-            raise _refused(f"access to topic '{routing_key}' in exchange '{exchange}' in vhost '{vhost}' "
-                           f"refused for user '{user}'")
+            raise _refused(f"{self._which(('write', 'read')[perm])}access to topic '{routing_key}' in exchange "
+                           f"'{exchange}' in vhost '{vhost}' refused for user '{user}'")
+
+    def _which(self, permission: str) -> str:
+        return permission + " " if self.name_permission else ""
 
 
 CONFIGURE, WRITE, READ = 0, 1, 2
@@ -283,9 +290,26 @@ def _check(ch, kind: str, name: str, perm: int) -> None:
         ac.check(ch.conn.user, ch.vhost.name, kind, name, perm)
 
 
+def _passive(ch, kind: str, name: str) -> None:
+    """A passive declare: no permission on 3.10; any one of read, write, configure on 4.x (refused as
+    configure, rabbit_channel:check_any_resource_access_permitted)."""
+    ac = _ac(ch)
+    if ac.open_vhosts or not ch.conn.core.behaviour.passive_declare_needs_a_permission:
+        return
+    for perm in (READ, WRITE):
+        try:
+            ac.check(ch.conn.user, ch.vhost.name, kind, name, perm)
+            return
+        except replies.AMQPError:
+            pass
+    ac.check(ch.conn.user, ch.vhost.name, kind, name, CONFIGURE)
+
+
 def exchange_declare(ch, m) -> None:
-    """Passive: nothing. Else (after the type and default-exchange checks, which the vhost makes): configure
-    on the exchange; for a new exchange with an alternate-exchange: read on it, write on the AE."""
+    """Passive: see _passive. Else (after the type and default-exchange checks, which the vhost makes):
+    configure on the exchange; for a new exchange with an alternate-exchange: read on it, write on the AE."""
+    if m.passive and m.exchange:
+        _passive(ch, "exchange", m.exchange)
     if m.passive or m.exchange == "" or _ac(ch).open_vhosts:
         return
     if m.exchange_type not in EXCHANGE_TYPES:
@@ -329,6 +353,8 @@ def queue_declare(ch, m) -> str | None:
     returned for the vhost to use); for a new queue with a dead-letter exchange: read on the queue, write on
     the DLX. Names with the reserved amq. prefix are refused by the vhost before any permission check."""
     if m.passive:
+        if m.queue:
+            _passive(ch, "queue", m.queue)
         return None
     name = m.queue
     server_name = None

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from operator import itemgetter
 
 from pamqp import commands as C
 
 from spark_amqp.codec import fields, frames, methods, properties, replies
 
-from . import access
-from .message import Message
-from .stream import Crash
+from . import access, arguments
+from .message import ACK, DISCARD, DOWN, DROP, REJECT, RETURN, Message
+from .arguments import Crash
 
 # AMQP field-type tags as RabbitMQ names them in error texts.
 _FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "long", b"t": "bool",
@@ -26,6 +27,26 @@ _FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "l
                      b"i": "unsignedint", b"B": "unsignedbyte"}
 
 OPEN, CLOSING = "open", "closing"
+
+_LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _parse_expiration(text: str):
+    """rabbit_basic:parse_expiration: (ttl ms, None), or (None, the reason RabbitMQ prints): string:to_integer
+    reads a leading integer ("no_integer" without one, {leftover_string,"..."} with text after it), then
+    rabbit_misc:check_expiry (negative, or more than ten years)."""
+    match = _LEADING_INTEGER.match(text)
+    if match is None:
+        return None, "no_integer"
+    rest = text[match.end():]
+    if rest:
+        return None, "{leftover_string," + arguments.erl_string(rest) + "}"
+    n = int(match.group())
+    if n < 0:
+        return None, f"{{value_negative,{n}}}"
+    if n > arguments.MAX_EXPIRY:
+        return None, f"{{value_too_large,{n}}}"
+    return n, None
 
 # The message of an unacked delivery's entry (message, queue, consumer or None), for a C-level loop (map).
 _MESSAGE = itemgetter(0)
@@ -184,7 +205,7 @@ class Channel:
         self.last_queue = q.name
         if not m.nowait:
             self.reply(methods.unchecked(C.Queue.DeclareOk, queue=q.name, message_count=q.message_count(),
-                                      consumer_count=0 if q.is_stream else len(q.consumers)))
+                                      consumer_count=q.consumer_count()))
 
     def on_queue_bind(self, m):
         access.queue_binding(self, m)
@@ -227,9 +248,10 @@ class Channel:
         if m.prefetch_size:
             raise replies.connection_error(replies.NOT_IMPLEMENTED,
                                            f"prefetch_size!=0 ({m.prefetch_size})")
-        # RabbitMQ's per_consumer_qos: global=false limits each consumer created after it,
-        # global=true limits the channel as a whole.
-        if m.global_:
+        # RabbitMQ's per_consumer_qos: global=false limits each consumer created after it, global=true
+        # limits the channel as a whole where the version still permits global QoS (versions.py); else
+        # it is a per-consumer limit too.
+        if m.global_ and self.conn.core.behaviour.global_qos:
             self.prefetch_global = m.prefetch_count
         else:
             self.prefetch_consumer = m.prefetch_count
@@ -242,11 +264,7 @@ class Channel:
         tag = m.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         if tag in self.consumers:
             raise replies.connection_error(replies.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        if q.is_stream:
-            q.check_consume(self, m)   # RabbitMQ's stream rules (prefetch, offsets); exclusive is ignored
-        elif q.exclusive_consumer is not None or (m.exclusive and q.consumers):
-            raise replies.channel_error(
-                replies.ACCESS_REFUSED, f"queue '{q.name}' in vhost '{self.vhost.name}' in exclusive use")
+        q.check_consume(self, m)   # the queue type's rules: arguments, exclusive use, prefetch
         consumer = Consumer(tag, q, self, m.no_ack, m.exclusive, self.prefetch_consumer, m.arguments)
         self.consumers[tag] = consumer
         q.last_used = self.conn.core.now()
@@ -267,7 +285,7 @@ class Channel:
         q = self._queue_named(m.queue)
         core = self.conn.core
         q.last_used = core.now()
-        msg = q.take(core.now())
+        msg = q.take(core.now(), m.no_ack)
         if msg is None:
             self.reply(C.Basic.GetEmpty())
             return
@@ -286,27 +304,28 @@ class Channel:
         self.settle(m.delivery_tag, m.multiple, "ack")
 
     def on_basic_nack(self, m):
-        self.settle(m.delivery_tag, m.multiple, "requeue" if m.requeue else "drop")
+        self.settle(m.delivery_tag, m.multiple, RETURN if m.requeue else DROP)
 
     def on_basic_reject(self, m):
-        self.settle(m.delivery_tag, False, "requeue" if m.requeue else "drop")
+        self.settle(m.delivery_tag, False, REJECT if m.requeue else DISCARD)
 
     def on_basic_recover(self, m):
         if not m.requeue:
             raise replies.connection_error(replies.NOT_IMPLEMENTED, "requeue=false")
         self._check_recover()
-        self.requeue_all()
+        self.requeue_all(RETURN)
         self.reply(C.Basic.RecoverOk())
 
     def on_basic_recoverasync(self, m):
         if not m.requeue:
             raise replies.connection_error(replies.NOT_IMPLEMENTED, "requeue=false")
         self._check_recover()
-        self.requeue_all()
+        self.requeue_all(RETURN)
 
     def _check_recover(self):
-        """RabbitMQ 3.10 crashes the channel (541) requeueing unacked stream deliveries."""
-        if any(q.is_stream for _m, q, _c in self.unacked.values()):
+        """RabbitMQ 3.10 crashes the channel (541) requeueing unacked stream deliveries; 4.x settles them,
+        which gives their credit back and redelivers nothing."""
+        if not self.conn.core.behaviour.stream_settle and any(q.is_stream for _m, q, _c in self.unacked.values()):
             raise Crash()
 
     def on_basic_publish(self, m):
@@ -372,7 +391,7 @@ class Channel:
             upto = self.next_tag - 1 if tag == 0 else tag
             tags = [t for t in range(self.settled_below, upto + 1) if t in unacked]
             below = upto + 1
-        if outcome != "ack":
+        if outcome != ACK and not self.conn.core.behaviour.stream_settle:
             for t in tags:
                 if unacked[t][1].is_stream:
                     raise unacked[t][1].settle_refused()
@@ -393,35 +412,35 @@ class Channel:
         and `settle` gathered the tags in a Python loop, 121-123 since, microbenchmark; py-spy had put a
         sixth of the broker's samples there while the read benchmark's source drained it.)"""
         core = self.conn.core
-        if outcome == "ack" and core.store is not None:
+        if outcome == ACK and core.store is not None:
             core.store.removed(list(map(_MESSAGE, settled)))
         touched = {}
         for _m, q, consumer in settled:
             if consumer is not None:
                 consumer.unacked -= 1
             touched[id(q)] = q
-        if outcome != "ack":
+        if outcome != ACK or any(q.tracks_settlement for q in touched.values()):
+            # Each queue settles its own deliveries (requeue, dead-letter, count); on acks only a queue that
+            # tracks settlement (quorum queues: consumers, basic.get holds) hears of them.
             by_queue: dict = {}
-            for m, q, _consumer in settled:
-                by_queue.setdefault(id(q), (q, []))[1].append(m)
-            if outcome == "requeue":
-                now = core.now()
-                for q, msgs in by_queue.values():
-                    q.requeue(msgs, now)
-            else:   # "drop": rejected without requeue, dead-lettered where the queue says so
-                for q, msgs in by_queue.values():
-                    if not q.deleted:
-                        q.vhost.dead_letter(q, msgs, "rejected")
+            for m, q, consumer in settled:
+                by_queue.setdefault(id(q), (q, []))[1].append((m, consumer))
+            now = core.now()
+            for q, entries in by_queue.values():
+                if outcome != ACK or q.tracks_settlement:
+                    q.settled(entries, outcome, now)
         for q in touched.values():
             core.wants_dispatch(q)
         if self.prefetch_global:
             self._redispatch()
 
-    def requeue_all(self) -> None:
+    def requeue_all(self, outcome: str) -> None:
+        """Every unacked delivery back to its queue: `outcome` RETURN (basic.recover) or DOWN (the channel
+        closed)."""
         settled = list(self.unacked.values())
         self.unacked.clear()
         if settled:
-            self._apply_settle(settled, "requeue")
+            self._apply_settle(settled, outcome)
 
     def _redispatch(self) -> None:
         core = self.conn.core
@@ -498,8 +517,18 @@ class Channel:
 
     def _sender_selected_keys(self, m: Message, headers_raw: bytes) -> list[str]:
         """RabbitMQ's sender-selected distribution: `CC` and `BCC` headers (arrays of strings) add
-        routing keys; `BCC` is removed from the message before it is stored."""
+        routing keys; `BCC` is removed from the message before it is stored. Where the version sorts the
+        headers table (4.x keeps headers in a table sorted by key, each key once: mc_amqpl's usort), the
+        stored header has it sorted."""
         items = fields.table_items(headers_raw)
+        if self.conn.core.behaviour.sorted_headers:
+            kept = list({k: v for k, v in reversed(items)}.items())[::-1]   # the first of each key
+            ordered = sorted(kept, key=lambda kv: kv[0].encode())
+            if ordered != items:
+                items = ordered
+                raw = properties.split(m.header[12:])
+                raw["headers"] = fields.table_from_items(items)
+                m.header = m.header[:12] + properties.join(raw)
         keys: list[str] = []
         has_bcc = False
         for key, value in items:
@@ -525,13 +554,10 @@ class Channel:
             m.priority = props["priority"]
         if "expiration" in props:
             text = props["expiration"]
-            try:
-                ttl = int(text)
-                if ttl < 0 or not text.strip().isdigit():
-                    raise ValueError
-            except ValueError:
-                raise replies.AMQPError(replies.PRECONDITION_FAILED, f"invalid expiration '{text}'",
-                                        hard=False, class_id=60, method_id=40) from None
+            ttl, reason = _parse_expiration(text)
+            if reason is not None:
+                raise replies.AMQPError(replies.PRECONDITION_FAILED, f"invalid expiration '{text}': {reason}",
+                                        hard=False, class_id=60, method_id=40)
             m.ttl = ttl
         if "user_id" in props and props["user_id"] != self.conn.user and not access.impersonator(self.conn):
             raise replies.AMQPError(
@@ -555,7 +581,7 @@ class Channel:
                 self.conn.write_content(self.number, m)
         else:
             now = self.conn.core.now()
-            accepted = [q for q in queues if not q.would_reject(len(m.body))]
+            accepted = [q for q in queues if not q.would_reject(m, self)]
             if len(accepted) != len(queues):
                 ok = False
                 for q in queues:
@@ -600,6 +626,6 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
-        self.requeue_all()
+        self.requeue_all(DOWN)
         self.tx_ops = []
         self.pending = None

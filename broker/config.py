@@ -6,7 +6,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 
-from . import access, limits
+from . import access, limits, versions
 
 SSL_CERT_LOGIN_FROM = ("distinguished_name", "common_name")
 
@@ -33,7 +33,12 @@ class BrokerConfig:
     heartbeat: int = limits.DEFAULT_HEARTBEAT        # seconds offered in connection.tune
     frame_max: int = limits.DEFAULT_FRAME_MAX
     channel_max: int = limits.DEFAULT_CHANNEL_MAX
-    max_message_size: int = limits.DEFAULT_MAX_MESSAGE_SIZE
+    # The RabbitMQ version whose behaviour the broker has where versions differ (versions.py): "4.3" (the
+    # default) or "3.10". The resolved table is `behaviour`.
+    rabbitmq_version: str = versions.DEFAULT_VERSION
+    # Largest message body accepted; None: the version's default (RabbitMQ's `max_message_size`: 16 MiB
+    # on 4.3, 128 MiB on 3.10).
+    max_message_size: int | None = None
     max_connections: int | None = None
     # Bytes of message data (bodies and content headers) held in queues above which publishers are
     # blocked (connection.blocked), as RabbitMQ's vm_memory_high_watermark does: an int is a byte count
@@ -59,6 +64,13 @@ class BrokerConfig:
     ssl_cert_login_from: str = "distinguished_name"
 
     def __post_init__(self):
+        self.behaviour = versions.behaviour(self.rabbitmq_version)
+        self.rabbitmq_version = self.behaviour.version
+        if self.max_message_size is None:
+            self.max_message_size = self.behaviour.max_message_size
+        elif isinstance(self.max_message_size, bool) or not isinstance(self.max_message_size, int) \
+                or self.max_message_size < 1:
+            raise ValueError(f"max_message_size must be a positive number of bytes, got {self.max_message_size!r}")
         if self.frame_max < limits.FRAME_MIN_SIZE:
             raise ValueError(f"frame_max must be at least {limits.FRAME_MIN_SIZE}, got {self.frame_max}")
         if not 1 <= self.channel_max <= 65535:
@@ -110,7 +122,8 @@ class BrokerConfig:
             if key[1] not in vhosts:
                 raise ValueError(f"{kind}.{key[0]}: no such vhost {key[1]!r} (vhosts: {vhosts})")
         open_vhosts = self.permissions is None and self.topic_permissions is None and defs is None
-        self.access = access.AccessControl(users, perms, topics, self.loopback_users, open_vhosts)
+        self.access = access.AccessControl(users, perms, topics, self.loopback_users, open_vhosts,
+                                           self.behaviour.access_texts_name_permission)
 
     @staticmethod
     def _table(value, where: str) -> dict:

@@ -27,6 +27,9 @@ log = logging.getLogger("broker.connection")
 # (UnicodeDecodeError is a ValueError, as are PropertyError and FieldError.)
 DECODE_ERRORS = (properties.PropertyError, fields.FieldError, struct.error, IndexError, ValueError)
 
+# The header RabbitMQ 4.x answers an unsupported protocol header with: AMQP 1.0 with the SASL layer.
+AMQP10_SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+
 SHUTDOWN_TEXT = "broker forced connection closure with reason 'shutdown'"   # RabbitMQ's, code 320
 
 SERVER_CAPABILITIES = {
@@ -194,8 +197,13 @@ class Connection:
         head, rest = buf[:8], buf[8:]
         self._header_buf = b""
         if head != frames.PROTOCOL_HEADER:
-            # Spec 4.2.2: reply with the header we support, then close the socket.
-            self._write(frames.PROTOCOL_HEADER)
+            # Spec 4.2.2: reply with the header we support, then close the socket. 4.x answers anything but
+            # an AMQP 0-9-x header with AMQP 1.0's SASL header (rabbit_reader:refuse_connection).
+            amqp09 = head[:6] == b"AMQP\x00\x00" and head[6] >= 9
+            if self.core.behaviour.refuse_with_amqp10_header and not amqp09:
+                self._write(AMQP10_SASL_HEADER)
+            else:
+                self._write(frames.PROTOCOL_HEADER)
             self.closed = True
             return b""
         self.state = state.AWAIT_START_OK
@@ -475,7 +483,7 @@ class Connection:
         cfg = self.core.config
         # A tune-ok outside what the server offered (0 means "no limit", which exceeds any offer)
         # ends the connection; RabbitMQ closes the socket without a close frame at this stage.
-        if not (limits.FRAME_MIN_SIZE <= m.frame_max <= cfg.frame_max
+        if not (self.core.behaviour.frame_min_size <= m.frame_max <= cfg.frame_max
                 and 0 < m.channel_max <= cfg.channel_max):
             log.warning("closing AMQP connection %s: tune-ok frame_max=%s channel_max=%s outside the offer",
                      self.peer, m.frame_max, m.channel_max)

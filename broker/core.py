@@ -22,6 +22,9 @@ class BrokerCore:
 
     def __init__(self, config: BrokerConfig, clock=time.monotonic, wall_clock=time.time):
         self.config = config
+        # What differs between RabbitMQ versions (versions.Behaviour): the code reads its fields, never a
+        # version string.
+        self.behaviour = config.behaviour
         self.clock = clock
         self.wall_clock = wall_clock
         self.access = config.access                     # users, permissions (access.AccessControl)
@@ -81,7 +84,7 @@ class BrokerCore:
         return more
 
     def register_timed_queue(self, q) -> None:
-        if q.args.expires is not None or q.has_ttl:
+        if q.timed():
             self.timed_queues.add(q)
 
     def unregister_timed_queue(self, q) -> None:
@@ -94,11 +97,9 @@ class BrokerCore:
                 self.timed_queues.discard(q)
                 continue
             q.expire(now)
-            if q.args.expires is not None:
-                if not q.consumers and now - q.last_used >= q.args.expires:
-                    q.vhost.delete_queue(q)
-                    continue
-            elif not q.has_ttl:
+            if q.idle_expired(now):      # x-expires
+                q.vhost.delete_queue(q)
+            elif not q.timed():
                 self.timed_queues.discard(q)
         for conn in list(self.connections):
             conn.tick(now)

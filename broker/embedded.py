@@ -19,9 +19,9 @@ class Broker:
         with Broker(port=0) as b:
             b.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
 
-    Keyword arguments are those of `BrokerConfig` (users, vhosts, permissions, topic_permissions,
-    loopback_users, definitions, heartbeat, frame_max, channel_max, max_message_size, max_connections,
-    memory_high_watermark, ...), and for a TLS listener beside the
+    Keyword arguments are those of `BrokerConfig` (rabbitmq_version: "4.3", the default, or "3.10";
+    users, vhosts, permissions, topic_permissions, loopback_users, definitions, heartbeat, frame_max,
+    channel_max, max_message_size, max_connections, memory_high_watermark, ...), and for a TLS listener beside the
     plain one: tls_port (0 = ephemeral), tls_cert, tls_key (PEM paths), tls_ca and tls_verify_peer:
 
         with Broker(port=0, tls_port=0, tls_cert="server.pem", tls_key="server.key") as b:

@@ -7,6 +7,8 @@ de-duplication is the virtual host's job (`VirtualHost.route`).
 
 from __future__ import annotations
 
+import random
+
 from spark_amqp.codec import fields, replies
 
 
@@ -44,6 +46,9 @@ class Exchange:
     def unbind_destination(self, dest) -> None:
         for key in [k for k in self.bindings if k[0] is dest]:
             self.unbind(dest, key[1], self.bindings[key])
+
+    def configure(self, behaviour) -> None:
+        """Take what the exchange type does differently in the RabbitMQ version the broker behaves as."""
 
     def _bound(self, dest, routing_key, arguments):
         pass
@@ -151,6 +156,12 @@ class HeadersExchange(Exchange):
     all/any ignore them. A binding value of type void matches on the header's presence alone.
     """
     type_name = "headers"
+    exact = False      # see configure
+
+    def configure(self, behaviour) -> None:
+        # 4.x compares header and binding values with exact equality (1 and 1.0 differ); 3.10 compares
+        # numbers by value.
+        self.exact = behaviour.headers_exact_match
 
     def bind(self, dest, routing_key: str, arguments: dict) -> None:
         _check_x_match(arguments)
@@ -160,7 +171,7 @@ class HeadersExchange(Exchange):
         headers = _message_headers(message)
         out = []
         for (dest, _, _), args in self.bindings.items():
-            if dest not in out and headers_match(args, headers):
+            if dest not in out and headers_match(args, headers, self.exact):
                 out.append(dest)
         return out
 
@@ -210,18 +221,18 @@ def _check_x_match(arguments: dict) -> None:
             f'Invalid x-match field value <<"{mode[:60]}">>; expected all, any, all-with-x, or any-with-x')
 
 
-def headers_match(args: dict, headers: dict) -> bool:
+def headers_match(args: dict, headers: dict, exact: bool = False) -> bool:
     mode = args.get("x-match", "all")
     if isinstance(mode, bytes):
         mode = mode.decode()
     with_x = mode.endswith("-with-x")
     pairs = [(k, v) for k, v in args.items() if k != "x-match" and (with_x or not k.startswith("x-"))]
     if mode.startswith("any"):
-        return any(_header_equal(k, v, headers) for k, v in pairs)
-    return all(_header_equal(k, v, headers) for k, v in pairs)
+        return any(_header_equal(k, v, headers, exact) for k, v in pairs)
+    return all(_header_equal(k, v, headers, exact) for k, v in pairs)
 
 
-def _header_equal(key, value, headers) -> bool:
+def _header_equal(key, value, headers, exact: bool) -> bool:
     if key not in headers:
         return False
     if value is None:
@@ -231,13 +242,37 @@ def _header_equal(key, value, headers) -> bool:
         have = have.decode("utf-8", "replace")
     elif isinstance(value, bytes) and isinstance(have, str):
         value = value.decode("utf-8", "replace")
-    return type(have) is type(value) and have == value or (
+    return type(have) is type(value) and have == value or not exact and (
         isinstance(have, (int, float)) and isinstance(value, (int, float))
         and not isinstance(have, bool) and not isinstance(value, bool) and have == value)
 
 
+class LocalRandomExchange(Exchange):
+    """RabbitMQ 4.x's x-local-random: each message goes to one of the bound queues, picked at random
+    (every queue is local to this broker). Only classic queues may be bound, with an empty key
+    (rabbit_exchange_type_local_random:validate_binding)."""
+    type_name = "x-local-random"
+
+    def bind(self, dest, routing_key: str, arguments: dict) -> None:
+        if routing_key:
+            reason = f"Non empty binding '{routing_key}' key not permitted"
+        elif isinstance(dest, Exchange):
+            reason = "Destination not found"
+        elif dest.queue_type != "classic":
+            reason = f"Queue type rabbit_{dest.queue_type}_queue not valid for this exchange type"
+        else:
+            reason = None
+        if reason:
+            raise replies.channel_error(replies.PRECONDITION_FAILED, reason)
+        super().bind(dest, routing_key, arguments)
+
+    def route(self, routing_key, message):
+        dests = list(dict.fromkeys(dest for dest, _, _ in self.bindings))
+        return [random.choice(dests)] if dests else []
+
+
 EXCHANGE_TYPES = {cls.type_name: cls for cls in (DirectExchange, FanoutExchange, TopicExchange,
-                                                  HeadersExchange)}
+                                                  HeadersExchange, LocalRandomExchange)}
 
 
 def _freeze(value):

@@ -16,9 +16,6 @@ DEFAULT_CHANNEL_MAX = 2047
 # RabbitMQ's default heartbeat timeout, seconds, offered in Connection.Tune.
 DEFAULT_HEARTBEAT = 60
 
-# RabbitMQ 3.10's default `max_message_size`: 128 MiB. A larger declared body size is refused (406).
-DEFAULT_MAX_MESSAGE_SIZE = 134217728
-
 # A client must finish the handshake (protocol header to Connection.Open) within this many seconds, as
 # RabbitMQ's `handshake_timeout` (10 s) requires.
 HANDSHAKE_TIMEOUT = 10.0
@@ -29,9 +26,6 @@ TLS_HANDSHAKE_TIMEOUT = 5.0
 
 # Errata, "Heartbeats": a peer is dead after missing two heartbeat intervals; RabbitMQ closes the socket.
 HEARTBEAT_MISSES_ALLOWED = 2
-
-# x-max-priority: RabbitMQ accepts 1..255 (values above 255 are a precondition failure).
-MAX_PRIORITY_LIMIT = 255
 
 # Bytes the broker buffers for one connection before it stops delivering to that connection's consumers
 # until the socket drains. Keeps a slow consumer with prefetch 0 from pulling a whole queue into memory.
@@ -54,6 +48,15 @@ DEFAULT_MEMORY_HIGH_WATERMARK = 0.4
 # Seconds between two memory checks, as RabbitMQ's vm_memory_monitor (DEFAULT_MEMORY_CHECK_INTERVAL,
 # 1000 ms). The alarm is set or cleared only then, never per message, so it cannot flap faster than this.
 MEMORY_CHECK_INTERVAL = 1.0
+
+# A quorum queue's own tick, seconds: RabbitMQ's Ra ticks every quorum queue every 5 s from its start
+# (ra's tick_timeout), and rabbit_fifo checks x-expires only then: an unused queue goes at the first tick past
+# its expiry.
+QUORUM_TICK = 5.0
+
+# Seconds between two attempts to publish a quorum queue's at-least-once dead letters that no queue took yet,
+# as RabbitMQ's `dead_letter_worker_publisher_confirm_timeout` (180,000 ms).
+DEAD_LETTER_RETRY_INTERVAL = 180.0
 
 # On shutdown (SIGTERM), seconds the broker waits for clients to answer its connection.close 320
 # CONNECTION_FORCED with close-ok before it drops the remaining sockets.

@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from spark_amqp.codec import properties
 
+# How a delivery was settled, as RabbitMQ's channel tells the queue (rabbit_channel, rabbit_queue_type:settle):
+ACK = "ack"            # basic.ack
+RETURN = "return"      # basic.nack(requeue=true), basic.recover: back to the queue
+REJECT = "reject"      # basic.reject(requeue=true): back to the queue, the delivery failed
+DOWN = "down"          # the channel closed or the connection went with the delivery unacked: back, failed
+DROP = "drop"          # basic.nack(requeue=false): removed, dead-lettered as rejected
+DISCARD = "discard"    # basic.reject(requeue=false): removed, dead-lettered as rejected, the delivery failed
+RETURNED = frozenset((RETURN, REJECT, DOWN))
+FAILED = frozenset((REJECT, DOWN, DISCARD))     # what 4.x counts in a message's delivery count
+
 # Properties the broker itself acts on; a header whose flags carry none of them is not parsed.
 BROKER_READS = (properties.FLAG["headers"] | properties.FLAG["priority"] | properties.FLAG["expiration"]
                 | properties.FLAG["user_id"])
@@ -18,7 +28,7 @@ BROKER_READS = (properties.FLAG["headers"] | properties.FLAG["priority"] | prope
 
 class Message:
     __slots__ = ("exchange", "routing_key", "header", "body", "seq", "redelivered", "expires_at",
-                 "priority", "ttl", "pid")
+                 "priority", "ttl", "pid", "delivery_count", "acquired_count")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes):
         self.exchange = exchange
@@ -31,6 +41,10 @@ class Message:
         self.priority = 0
         self.ttl = None           # per-message TTL from the expiration property, ms, or None
         self.pid = 0              # its record in the data_dir journal (store.py), 0 = not journaled
+        # Failed deliveries (versions.Behaviour.delivery_count_annotation: 4.x counts them in every queue
+        # type and a dead letter carries the count along; quorum.py's delivery limit reads it).
+        self.delivery_count = 0
+        self.acquired_count = 0   # times a quorum queue took it back (x-acquired-count, 4.x)
 
     @property
     def size(self) -> int:
@@ -40,6 +54,7 @@ class Message:
         m = Message(self.exchange, self.routing_key, self.header, self.body)
         m.priority = self.priority
         m.ttl = self.ttl
+        m.delivery_count = self.delivery_count
         return m
 
     def read_properties(self) -> dict:

@@ -13,83 +13,24 @@ from collections import deque
 
 from spark_amqp.codec import replies
 
+from . import arguments as arguments_module
 from . import limits
-from .message import Message
-
-# Arguments RabbitMQ compares on a redeclare (rabbit_amqqueue's equivalence check); others are ignored.
-EQUIVALENCE_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
-                    "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
-                    "x-queue-type", "x-queue-mode", "x-single-active-consumer")
-
-OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
-
+from .message import FAILED, RETURNED, Message
 
 class QueueArguments:
-    """`x-*` queue arguments, validated the way RabbitMQ validates them (406 on a bad value)."""
+    """The values of a classic queue's `x-*` arguments, already checked by `arguments.check_declare`
+    (406 with RabbitMQ's text on a bad value)."""
 
     def __init__(self, arguments: dict, queue_name: str):
-        self.raw = dict(arguments or {})
-        a = self.raw
-
-        def integer(key, minimum):
-            if key not in a:
-                return None
-            v = a[key]
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise replies.channel_error(
-                    replies.PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': "
-                    f"{{unacceptable_type,{type(v).__name__}}}")
-            if v < minimum:
-                raise replies.channel_error(
-                    replies.PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': "
-                    f"{{value_negative,{v}}}" if v < 0 else
-                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': {{value_zero,{v}}}")
-            return v
-
-        def string(key):
-            if key not in a:
-                return None
-            v = a[key]
-            if isinstance(v, bytes):
-                v = v.decode("utf-8", "replace")
-            if not isinstance(v, str):
-                raise replies.channel_error(
-                    replies.PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for queue '{queue_name}' in vhost '/': "
-                    f"{{unacceptable_type,{type(v).__name__}}}")
-            return v
-
-        self.message_ttl = integer("x-message-ttl", 0)
-        self.expires = integer("x-expires", 1)
-        self.max_length = integer("x-max-length", 0)
-        self.max_length_bytes = integer("x-max-length-bytes", 0)
-        self.max_priority = integer("x-max-priority", 0)
-        if self.max_priority is not None and self.max_priority > limits.MAX_PRIORITY_LIMIT:
-            raise replies.channel_error(
-                replies.PRECONDITION_FAILED,
-                f"invalid arg 'x-max-priority' for queue '{queue_name}' in vhost '/': "
-                f"{{value_too_large,{self.max_priority},{limits.MAX_PRIORITY_LIMIT}}}")
-        self.overflow = string("x-overflow") or "drop-head"
-        if self.overflow not in OVERFLOW_MODES:
-            raise replies.channel_error(
-                replies.PRECONDITION_FAILED,
-                f"invalid arg 'x-overflow' for queue '{queue_name}' in vhost '/': "
-                f"{{unknown_overflow_mode,<<\"{self.overflow}\">>}}")
-        self.dead_letter_exchange = string("x-dead-letter-exchange")
-        self.dead_letter_routing_key = string("x-dead-letter-routing-key")
-        if self.dead_letter_routing_key is not None and self.dead_letter_exchange is None:
-            raise replies.channel_error(
-                replies.PRECONDITION_FAILED,
-                f"invalid arg 'x-dead-letter-routing-key' for queue '{queue_name}' in vhost '/': "
-                "Key 'x-dead-letter-exchange' is mandatory if 'x-dead-letter-routing-key' is set")
-        self.queue_type = string("x-queue-type") or "classic"
-        if self.queue_type != "classic":
-            raise replies.channel_error(
-                replies.PRECONDITION_FAILED,
-                f"invalid arg 'x-queue-type' for queue '{queue_name}' in vhost '/': "
-                f"queue type '{self.queue_type}' is not supported by this broker yet")
+        a = self.raw = dict(arguments or {})
+        self.message_ttl = a.get("x-message-ttl")
+        self.expires = a.get("x-expires")
+        self.max_length = a.get("x-max-length")
+        self.max_length_bytes = a.get("x-max-length-bytes")
+        self.max_priority = a.get("x-max-priority")
+        self.overflow = a.get("x-overflow") or "drop-head"
+        self.dead_letter_exchange = a.get("x-dead-letter-exchange")
+        self.dead_letter_routing_key = a.get("x-dead-letter-routing-key")
 
 
 class FifoStore:
@@ -189,6 +130,10 @@ def _merge_at_head(items: deque, msgs: list[Message]) -> None:
 
 class Queue:
     is_stream = False
+    tracks_settlement = False   # told of acks too (Channel._apply_settle); a classic queue is not
+    persists_all = False        # with a data_dir, only persistent messages (delivery mode 2) are journaled
+    queue_type = arguments_module.CLASSIC
+    server_named = True     # a declare with an empty name gets an amq.gen-... name
 
     def __init__(self, vhost, name: str, durable: bool, exclusive_owner, auto_delete: bool,
                  arguments: dict, now: float):
@@ -197,6 +142,13 @@ class Queue:
         self.durable = durable
         self.exclusive_owner = exclusive_owner   # the owning Connection, or None
         self.auto_delete = auto_delete
+        if "x-queue-master-locator" in arguments:
+            # rabbit_classic_queue:declare: 4.x denies the deprecated feature; 3.10 crashes on a locator
+            # that is not a string.
+            if not vhost.core.behaviour.master_locator_allowed:
+                raise arguments_module.deprecated_feature_denied("queue_master_locator")
+            if not isinstance(arguments["x-queue-master-locator"], str):
+                raise arguments_module.Crash()
         self.args = QueueArguments(arguments, name)
         self.arguments = self.args.raw
         self.store = PriorityStore(self.args.max_priority) if self.args.max_priority else FifoStore()
@@ -212,21 +164,63 @@ class Queue:
 
     # --- enqueue -------------------------------------------------------------------------------
 
-    def would_reject(self, size: int) -> bool:
+    def would_reject(self, m: Message, channel=None) -> bool:
         """x-overflow reject-publish: a publish that would exceed a limit is refused (and nacked)."""
         a = self.args
         if a.overflow == "drop-head":
             return False
         if a.max_length is not None and len(self.store) >= a.max_length:
             return True
-        if a.max_length_bytes is not None and self.ready_bytes + size > a.max_length_bytes:
+        if a.max_length_bytes is not None and self.ready_bytes + len(m.body) > a.max_length_bytes:
             return True
         return False
+
+    def timed(self) -> bool:
+        """Whether the core's clock has work here: x-expires, or messages with a deadline."""
+        return self.args.expires is not None or self.has_ttl
+
+    def idle_expired(self, now: float) -> bool:
+        """x-expires: no consumer and unused (no consume, get or redeclare) for that long."""
+        expires = self.args.expires
+        return expires is not None and not self.consumers and now - self.last_used >= expires
+
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def all_consumers(self) -> list:
+        return self.consumers
+
+    def check_consume(self, channel, m) -> None:
+        """basic.consume: the consumer arguments (rabbit_amqqueue:check_consume_arguments), then exclusive
+        use: an exclusive consumer, or an exclusive consume while others consume, is refused (403)."""
+        arguments_module.check_consume(m.arguments or {}, self.queue_type, self.name, self.vhost.name,
+                                       self.vhost.core.behaviour)
+        if self.exclusive_consumer is not None or (m.exclusive and self.consumers):
+            raise replies.channel_error(
+                replies.ACCESS_REFUSED, f"queue '{self.name}' in vhost '{self.vhost.name}' in exclusive use")
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        where = arguments_module.rs(self.name, self.vhost.name)
+        if if_unused and self.consumers:
+            raise replies.channel_error(replies.PRECONDITION_FAILED, f"{where} in use")
+        if if_empty and self.message_count():
+            raise replies.channel_error(replies.PRECONDITION_FAILED, f"{where} not empty")
+
+    def drop_all(self) -> None:
+        """The queue is deleted: its messages go (not dead-lettered)."""
+        self.purge()
+
+    def restore(self, m: Message, now: float, delivered: bool, counts) -> None:
+        """A message read back from the data_dir journal at start (store.py), in publish order; one that was
+        delivered and not acked comes back redelivered."""
+        self.enqueue(m, now)
 
     def enqueue(self, m: Message, now: float) -> None:
         a = self.args
         m.seq = self.next_seq
         self.next_seq += 1
+        if m.delivery_count:
+            m.redelivered = True    # 4.x: a message that comes with failed deliveries counts as delivered
         if a.max_priority:
             m.priority = min(m.priority, a.max_priority)
         ttl = a.message_ttl
@@ -270,6 +264,19 @@ class Queue:
         self.vhost.core.account(-(len(m.body) + len(m.header)))
         return m
 
+    def settled(self, entries: list, outcome: str, now: float) -> None:
+        """Deliveries settled other than by an ack: `entries` are (message, consumer or None), `outcome`
+        one of message.py's. Returned ones go back to the head, the others are dead-lettered as rejected.
+        Where the version counts failed deliveries (4.x) the count goes with a dead letter."""
+        msgs = [m for m, _consumer in entries]
+        if outcome in FAILED and self.vhost.core.behaviour.delivery_count_annotation:
+            for m in msgs:
+                m.delivery_count += 1
+        if outcome in RETURNED:
+            self.requeue(msgs, now)
+        elif not self.deleted:
+            self.vhost.dead_letter(self, msgs, "rejected")
+
     def requeue(self, msgs: list[Message], now: float) -> None:
         """Back to the head in original order, redelivered; what expired meanwhile is dropped and
         the length limits are applied again (both as RabbitMQ does on requeue)."""
@@ -292,8 +299,9 @@ class Queue:
 
     # --- dequeue -------------------------------------------------------------------------------
 
-    def take(self, now: float) -> Message | None:
-        """The next live message, dropping (and dead-lettering) expired ones at the head."""
+    def take(self, now: float, no_ack: bool = True) -> Message | None:
+        """The next live message, dropping (and dead-lettering) expired ones at the head (dispatch, and
+        basic.get whatever its no-ack)."""
         store = self.store
         expired = None
         while len(store):

@@ -48,12 +48,14 @@ COMPACT_MIN_BYTES = 8 << 20        # never compact a journal smaller than this a
 _head = struct.Struct(">II")       # length, crc32
 _u64 = struct.Struct(">Q")
 _msg = struct.Struct(">QHHHHI")    # pid, len(vhost), len(queue), len(exchange), len(rk), len(header)
+_returned = struct.Struct(">QII")  # pid, acquired count, delivery count
 
 # record types
 EXCHANGE, EXCHANGE_DEL = b"X", b"x"
 QUEUE, QUEUE_DEL = b"Q", b"q"
 BIND, UNBIND = b"B", b"b"
 MESSAGE, DELIVERED, REMOVED = b"M", b"D", b"A"
+RETURNED = b"R"                    # a quorum queue took a message back: its counts (quorum.py)
 # stream log records (streams/<n>.log)
 STREAMS_DIR = "streams"
 SEGMENT, CHUNK, TRACKING, DROP = b"S", b"C", b"K", b"D"
@@ -100,7 +102,8 @@ class Store:
         self.exchanges: dict[tuple, bytes] = {}   # (vhost, name) -> record payload
         self.queues: dict[tuple, bytes] = {}      # (vhost, name) -> record payload
         self.bindings: dict[tuple, bytes] = {}    # _binding_key -> record payload
-        self.messages: dict[int, list] = {}       # pid -> [(vhost, queue), offset, length, delivered]
+        # pid -> [(vhost, queue), offset, length, delivered, (acquired, delivery count) or None]
+        self.messages: dict[int, list] = {}
         self.live_bytes = 0
         self.next_pid = 1
         self.pending = bytearray()
@@ -190,9 +193,15 @@ class Store:
             p = 1 + _msg.size
             vhost = payload[p:p + lv].decode()
             queue = payload[p + lv:p + lv + lq].decode()
-            self.messages[pid] = [(vhost, queue), offset, length, False]
+            self.messages[pid] = [(vhost, queue), offset, length, False, None]
             self.live_bytes += length
             self.next_pid = max(self.next_pid, pid + 1)
+        elif kind == RETURNED:
+            pid, acquired, delivery = _returned.unpack_from(payload, 1)
+            entry = self.messages.get(pid)
+            if entry is not None:
+                entry[3] = False      # back in its queue: no longer delivered
+                entry[4] = (acquired, delivery)
         elif kind in (DELIVERED, REMOVED):
             for (pid,) in _u64.iter_unpack(memoryview(payload)[1:]):
                 entry = self.messages.get(pid) if kind == DELIVERED else self.messages.pop(pid, None)
@@ -249,6 +258,8 @@ class Store:
             start = len(out)
             out += old[entry[1]:entry[1] + entry[2]]
             entry[1] = start
+            if entry[4] is not None:
+                out += _frame(RETURNED + _returned.pack(pid, *entry[4]))
             if entry[3]:
                 delivered.append(pid)
         if delivered:
@@ -358,7 +369,7 @@ class Store:
         with open(self.path, "rb") as fh:
             data = fh.read()
         now = core.now()
-        for pid, ((vname, qname), offset, length, delivered) in sorted(self.messages.items()):
+        for pid, ((vname, qname), offset, length, delivered, counts) in sorted(self.messages.items()):
             vh = core.vhosts.get(vname)
             q = vh.queues.get(qname) if vh is not None else None
             if q is None or q.is_stream:
@@ -371,7 +382,7 @@ class Store:
                 m.priority = props["priority"]
             if props.get("expiration", "").isdigit():
                 m.ttl = int(props["expiration"])
-            q.enqueue(m, now)
+            q.restore(m, now, delivered, counts)
 
     # --- hooks called by the core (encode only; no I/O) --------------------------------------------
 
@@ -445,7 +456,8 @@ class Store:
 
     def enqueued(self, q, m: Message) -> None:
         """A message entered queue q: journaled when q is kept and the message is persistent."""
-        if self.muted or m.pid or (q.vhost.name, q.name) not in self.queues or not is_persistent(m.header):
+        if self.muted or m.pid or (q.vhost.name, q.name) not in self.queues or not (
+                q.persists_all or is_persistent(m.header)):
             return
         pid = self.next_pid
         self.next_pid = pid + 1
@@ -453,7 +465,7 @@ class Store:
         payload = encode_message(pid, q.vhost.name, q.name, m)
         offset = self._add(payload)
         length = _head.size + len(payload)
-        self.messages[pid] = [(q.vhost.name, q.name), offset, length, m.redelivered]
+        self.messages[pid] = [(q.vhost.name, q.name), offset, length, m.redelivered, None]
         self.live_bytes += length
         self.sync_needed = True
 
@@ -462,6 +474,15 @@ class Store:
         if entry is not None and not entry[3]:
             entry[3] = True
             self._add(DELIVERED + _u64.pack(m.pid))
+
+    def returned(self, m) -> None:
+        """A quorum queue took a delivered message back: its counts, so that a restart keeps them."""
+        entry = self.messages.get(m.pid)
+        if entry is not None:
+            entry[3] = False
+            entry[4] = (m.acquired_count, m.delivery_count)
+            if not self.muted:
+                self._add(RETURNED + _returned.pack(m.pid, m.acquired_count, m.delivery_count))
 
     def removed(self, msgs) -> None:
         """Messages gone for good (acked, auto-acked, rejected, expired, dropped, purged)."""

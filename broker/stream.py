@@ -30,12 +30,12 @@ written to disk segment by segment later.
 from __future__ import annotations
 
 import datetime
-import re
 import struct
 
 from spark_amqp.codec import fields, replies
 
-from . import limits
+from . import arguments, limits
+from .arguments import STREAM, Crash, erl_string, parse_max_age, rs, text, type_name
 
 # osiris' on-disk layout (osiris_log.erl): a segment file starts with an 8-byte header, every chunk has a
 # 48-byte header, every simple record a 4-byte size header.
@@ -50,25 +50,6 @@ MAX_SEGMENT_SIZE_CHUNKS = 256_000
 # rabbit.hrl MAX_STREAM_MAX_SEGMENT_SIZE: a larger x-stream-max-segment-size-bytes is refused.
 MAX_STREAM_MAX_SEGMENT_SIZE = 3_000_000_000
 
-# The arguments a stream takes (rabbit_stream_queue:capabilities/0); the other queue types' arguments are
-# refused by name, arguments no queue type knows are ignored (rabbit_amqqueue:check_declare_arguments).
-STREAM_ARGS = ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes",
-               "x-initial-cluster-size", "x-queue-leader-locator")
-OTHER_TYPES_ARGS = frozenset((
-    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-length",
-    "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
-    "x-queue-master-locator", "x-dead-letter-strategy", "x-max-in-memory-length", "x-max-in-memory-bytes",
-    "x-quorum-initial-group-size", "x-delivery-limit"))
-# Consumer arguments of the other queue types, refused on a stream; the stream's own are x-stream-offset
-# and x-credit (AMQP 1.0 only).
-OTHER_TYPES_CONSUMER_ARGS = ("x-cancel-on-ha-failover", "x-priority")
-LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
-
-# check_max_age units, in ms (rabbit_amqqueue:unit_value_in_ms).
-_AGE_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "D": 86_400_000, "M": 30 * 86_400_000,
-              "Y": 365 * 86_400_000}
-_AGE = re.compile(r"([0-9]*)(.*)", re.S)
-
 _OFFSET_KEY = b"\x0fx-stream-offset"
 _i64 = struct.Struct(">q")
 _u32 = struct.Struct(">I")
@@ -77,116 +58,21 @@ _HEADERS_FLAG = 0x2000
 _SHORTSTR_FLAGS = (0x8000, 0x4000)   # content-type, content-encoding: the properties before headers
 
 
-class Crash(replies.AMQPError):
-    """Where RabbitMQ 3.10 crashes its channel on a bad argument (list_to_integer("") in check_max_age,
-    osiris given an offset that is not an integer): the client sees connection.close 541 INTERNAL_ERROR."""
-
-    def __init__(self):
-        super().__init__(replies.INTERNAL_ERROR, "INTERNAL_ERROR", hard=True)
-        self.text = "INTERNAL_ERROR"   # RabbitMQ's text for a crash: the name alone
-
-
-def rs(name: str, vhost: str) -> str:
-    """rabbit_misc:rs/1: how RabbitMQ names a queue in reply texts."""
-    return f"queue '{name}' in vhost '{vhost}'"
-
-
-def type_name(value) -> str:
-    """The AMQP field type RabbitMQ names in texts, for a decoded value (pika and py-amqp send Python ints
-    that fit 32 bits as signedint, larger ones as long)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "signedint" if -(1 << 31) <= value < (1 << 31) else "long"
-    if isinstance(value, str):
-        return "longstr"
-    if isinstance(value, (bytes, bytearray)):
-        return "binary"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, datetime.datetime):
-        return "timestamp"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if value is None:
-        return "void"
-    return "decimal"
-
-
-def _text(v):
-    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
-
-
-def parse_max_age(text: str) -> int | None:
-    """rabbit_amqqueue:check_max_age/1: digits then one unit of Y M D h m s, more than zero; the age in ms,
-    or None when invalid. No digits at all crashes RabbitMQ (list_to_integer("")): raises Crash."""
-    digits, unit = _AGE.match(text).groups()
-    if not digits:
-        raise Crash()
-    value = int(digits)
-    if value <= 0 or unit not in _AGE_UNITS:
-        return None
-    return value * _AGE_UNITS[unit]
-
-
-def _erl_binary(text: str) -> str:
-    return '<<"' + text.replace("\\", "\\\\").replace('"', '\\"') + '">>'
-
-
 class StreamArguments:
-    """The declare arguments of a stream, checked in RabbitMQ's order: first the values of the arguments a
-    stream takes (406 "invalid arg ... : reason"), then the names of other queue types' arguments (406 "...
-    of queue type rabbit_stream_queue"), then durable / exclusive / auto-delete and the segment size limit
-    (rabbit_stream_queue:declare)."""
+    """The values of a stream's declare arguments, already checked by `arguments.check_declare` (which
+    refuses bad values and other queue types' arguments in RabbitMQ's order)."""
 
-    def __init__(self, arguments: dict, name: str, vhost: str):
+    def __init__(self, arguments: dict, behaviour):
         a = self.raw = dict(arguments or {})
         self.expires = None          # what the core's timers read of a queue's arguments
         self.overflow = "drop-head"
         self.dead_letter_exchange = None
         self.dead_letter_routing_key = None
         self.max_length = None
-
-        def fail(key, reason):
-            return replies.channel_error(replies.PRECONDITION_FAILED,
-                                         f"invalid arg '{key}' for {rs(name, vhost)}: {reason}")
-
-        def non_neg_int(key):
-            if key not in a:
-                return None
-            v = a[key]
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise fail(key, f'"expected integer, got {type_name(v)}"')
-            if v < 0:
-                raise fail(key, f"{{value_negative,{v}}}")
-            return v
-
-        self.max_length_bytes = non_neg_int("x-max-length-bytes")
-        self.max_age = None
-        if "x-max-age" in a:
-            v = a["x-max-age"]
-            if not isinstance(v, str):
-                raise fail("x-max-age", f"{{unacceptable_type,{type_name(v)}}}")
-            self.max_age = parse_max_age(v)
-            if self.max_age is None:
-                raise fail("x-max-age", "invalid_max_age")
-        self.max_segment_size = non_neg_int("x-stream-max-segment-size-bytes")
-        size = non_neg_int("x-initial-cluster-size")
-        if size == 0:
-            raise fail("x-initial-cluster-size", "{value_zero,0}")
-        if "x-queue-leader-locator" in a:
-            v = a["x-queue-leader-locator"]
-            if not isinstance(v, str):
-                raise fail("x-queue-leader-locator", f"{{unacceptable_type,{type_name(v)}}}")
-            if v not in LEADER_LOCATORS:
-                raise fail("x-queue-leader-locator", "invalid_queue_locator_arg")
-        for key in a:
-            if key in OTHER_TYPES_ARGS:
-                raise replies.channel_error(
-                    replies.PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for {rs(name, vhost)} of queue type rabbit_stream_queue")
+        self.max_length_bytes = a.get("x-max-length-bytes")
+        self.max_age = (parse_max_age(a["x-max-age"], behaviour.max_age_needs_digits)
+                        if "x-max-age" in a else None)
+        self.max_segment_size = a.get("x-stream-max-segment-size-bytes")
 
 
 def check_declare(name: str, durable: bool, exclusive: bool, auto_delete: bool, vhost: str) -> None:
@@ -196,13 +82,6 @@ def check_declare(name: str, durable: bool, exclusive: bool, auto_delete: bool, 
         if refused:
             raise replies.channel_error(replies.PRECONDITION_FAILED,
                                         f"invalid property '{prop}' for {rs(name, vhost)}")
-
-
-def _fmt_equiv(value) -> str:
-    """rabbit_misc:equivalence_fail's val/1 for a value present on one side only."""
-    if value is None:
-        return "none"
-    return f"the value '{_text(value)}' of type '{type_name(value)}'"
 
 
 def with_offset_header(header: bytes, offset: int) -> bytes:
@@ -289,11 +168,13 @@ class StreamQueue:
     add/remove_consumer, message_count, take and purge refusing as RabbitMQ does), over an in-memory log."""
 
     is_stream = True
+    queue_type = STREAM
+    server_named = False
     journal = None   # store.StreamLog when the broker has a data_dir: chunks, rolls and retention go there
 
     def __init__(self, vhost, name: str, durable: bool, exclusive_owner, auto_delete: bool,
                  arguments: dict, now: float):
-        self.args = StreamArguments(arguments, name, vhost.name)
+        self.args = StreamArguments(arguments, vhost.core.behaviour)
         check_declare(name, durable, exclusive_owner is not None, auto_delete, vhost.name)
         if self.args.max_segment_size is not None and self.args.max_segment_size > MAX_STREAM_MAX_SEGMENT_SIZE:
             raise replies.channel_error(replies.PRECONDITION_FAILED,
@@ -319,24 +200,9 @@ class StreamQueue:
 
     # --- declare -------------------------------------------------------------------------------
 
-    def check_equivalent(self, arguments: dict) -> None:
-        """A redeclare (after the virtual host compared durable and auto-delete): the stream's arguments,
-        in rabbit_stream_queue's order, with rabbit_misc:assert_args_equivalence's texts."""
-        where = rs(self.name, self.vhost.name)
-        for key in STREAM_ARGS:
-            have, want = self.arguments.get(key), arguments.get(key)
-            if _text(have) == _text(want) and isinstance(have, bool) == isinstance(want, bool):
-                continue   # one type class for all integers, longstr and binary alike (type_class/1)
-            if have is not None and want is not None:
-                detail = f"received '{_text(want)}' but current is '{_text(have)}'"
-            else:
-                detail = f"received {_fmt_equiv(want)} but current is {_fmt_equiv(have)}"
-            raise replies.channel_error(replies.PRECONDITION_FAILED,
-                                        f"inequivalent arg '{key}' for {where}: {detail}")
-
     # --- what RabbitMQ refuses -----------------------------------------------------------------
 
-    def take(self, now: float):
+    def take(self, now: float, no_ack: bool = True):
         raise replies.connection_error(
             replies.NOT_IMPLEMENTED,
             f"basic.get not supported by stream queues {rs(self.name, self.vhost.name)}")
@@ -364,37 +230,33 @@ class StreamQueue:
                 raise replies.channel_error(
                     replies.PRECONDITION_FAILED,
                     f"invalid arg 'x-stream-offset' for {where}: "
-                    f"{{invalid_stream_offset_arg,{{{type_name(v)},{_erl_binary(_text(v))}}}}}")
-        for key in args:
-            if key in OTHER_TYPES_CONSUMER_ARGS:
-                raise replies.channel_error(
-                    replies.PRECONDITION_FAILED,
-                    f"invalid arg '{key}' for {where} of queue type rabbit_stream_queue")
+                    f"{{invalid_stream_offset_arg,{{{type_name(v)},<<{erl_string(text(v))}>>}}}}")
+        arguments.check_consume(args, STREAM, self.name, self.vhost.name, self.vhost.core.behaviour,
+                                skip=("x-stream-offset",))
+        behaviour = self.vhost.core.behaviour
         if not channel.prefetch_consumer:
             raise replies.channel_error(replies.PRECONDITION_FAILED,
-                                        f"consumer prefetch count is not set for '{where}'")
+                                        behaviour.stream_no_prefetch_text.format(q=where))
         if m.no_ack:
-            raise replies.connection_error(
-                replies.NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream queues {where}")
+            raise replies.connection_error(replies.NOT_IMPLEMENTED, behaviour.stream_no_ack_text.format(q=where))
         if channel.prefetch_global:
             raise replies.connection_error(replies.NOT_IMPLEMENTED, f"{where} does not support global qos")
         if "x-stream-offset" in args and self._offset_spec(args["x-stream-offset"])[0] == "crash":
             raise Crash()
 
-    @staticmethod
-    def _offset_spec(v):
+    def _offset_spec(self, v):
         """rabbit_stream_queue:parse_offset_arg/1: ("first"|"last"|"next", None), ("offset", n),
         ("timestamp", epoch ms), ("age", ms before now), ("crash", v) for what osiris later fails on, or
         None for an interval string that is not one (406)."""
-        text = _text(v) if isinstance(v, (str, bytes, bytearray)) else None
-        if text in ("first", "last", "next"):
-            return (text, None)
+        name = text(v) if isinstance(v, (str, bytes, bytearray)) else None
+        if name in ("first", "last", "next"):
+            return (name, None)
         if isinstance(v, datetime.datetime):
             if v.tzinfo is None:
                 v = v.replace(tzinfo=datetime.timezone.utc)
             return ("timestamp", int(v.timestamp()) * 1000)
         if isinstance(v, str):
-            ms = parse_max_age(v)
+            ms = parse_max_age(v, self.vhost.core.behaviour.max_age_needs_digits)
             return None if ms is None else ("age", ms)
         if isinstance(v, int) and not isinstance(v, bool):
             return ("offset", v)
@@ -402,13 +264,38 @@ class StreamQueue:
 
     # --- the log -------------------------------------------------------------------------------
 
-    def would_reject(self, size: int) -> bool:
+    def would_reject(self, m, channel=None) -> bool:
         return False
+
+    def timed(self) -> bool:
+        return False
+
+    def idle_expired(self, now: float) -> bool:
+        return False
+
+    def consumer_count(self) -> int:
+        """A stream's declare-ok says 0 consumers, whatever consumes it (as RabbitMQ's)."""
+        return 0
+
+    def all_consumers(self) -> list:
+        return self.consumers
+
+    def check_delete(self, if_unused: bool, if_empty: bool) -> None:
+        """RabbitMQ deletes a stream whatever if-unused and if-empty say."""
+
+    def drop_all(self) -> None:
+        self.drop_log()
 
     def enqueue(self, m, now: float) -> None:
         """A publish appends to the chunk of this read; the chunk is written when dispatch runs."""
         self.pending.append(m)
         self.vhost.core.wants_dispatch(self)
+
+    tracks_settlement = False
+
+    def settled(self, entries, outcome: str, now: float) -> None:
+        """Unacked stream deliveries of a closed channel (and, on 4.x, nacked, rejected or recovered ones) go
+        nowhere: the log still has them; settling only gave the consumer its credit back."""
 
     def requeue(self, msgs, now: float) -> None:
         """Unacked stream deliveries of a closed channel go nowhere: the log still has them."""

@@ -12,10 +12,15 @@ import os
 
 from spark_amqp.codec import fields, properties, replies
 
-from .exchange import EXCHANGE_TYPES, DirectExchange, Exchange, _freeze
+from .exchange import EXCHANGE_TYPES, DirectExchange, Exchange, LocalRandomExchange, _freeze
 from .message import Message
-from .queue import EQUIVALENCE_ARGS, Queue
+from . import arguments
+from .queue import Queue
+from .quorum import QuorumQueue
 from .stream import StreamQueue
+
+# The queue types a declare can ask for (x-queue-type), each a class with the same interface.
+QUEUE_TYPES = {arguments.CLASSIC: Queue, arguments.QUORUM: QuorumQueue, arguments.STREAM: StreamQueue}
 
 # RabbitMQ pre-declares these in every virtual host (spec 3.1.3.1 requires amq.direct, amq.fanout,
 # amq.topic, amq.headers/amq.match; RabbitMQ adds amq.rabbitmq.trace, which we do not).
@@ -39,6 +44,7 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {"": self.default_exchange}
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
+            self.exchanges[xname].configure(core.behaviour)
         self.queues: dict[str, Queue] = {}
 
     # --- exchanges -----------------------------------------------------------------------------
@@ -61,9 +67,13 @@ class VirtualHost:
                 replies.ACCESS_REFUSED,
                 f"exchange name '{name}' contains reserved prefix 'amq.*'")     # rabbit_channel:check_name
         cls = EXCHANGE_TYPES.get(type_)
+        if cls is LocalRandomExchange and not self.core.behaviour.local_random_exchange:
+            cls = None
         if cls is None:
-            # RabbitMQ raises an unknown exchange type as a connection error (rabbit_exchange:check_type).
-            raise replies.connection_error(replies.COMMAND_INVALID, f"unknown exchange type '{type_}'")
+            # rabbit_exchange:check_type: 3.10 closes the connection (503), 4.x the channel (406).
+            if self.core.behaviour.unknown_exchange_type_closes_connection:
+                raise replies.connection_error(replies.COMMAND_INVALID, f"unknown exchange type '{type_}'")
+            raise replies.channel_error(replies.PRECONDITION_FAILED, f"unknown exchange type '{type_}'")
         existing = self.exchanges.get(name)
         if existing is not None:
             for field, have, want in (("type", existing.type_name, type_),
@@ -82,6 +92,7 @@ class VirtualHost:
                         f"inequivalent arg '{key}' for {_rs_exchange(name, self.name)}")
             return existing
         x = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
+        x.configure(self.core.behaviour)
         self.exchanges[name] = x
         if self.core.store is not None:
             self.core.store.exchange_declared(self.name, x)
@@ -157,24 +168,31 @@ class VirtualHost:
                 "originally declared on another connection or the exclusive property value does not "
                 "match that of the original declaration.")
 
-    def declare_queue(self, name, passive, durable, exclusive, auto_delete, arguments, conn,
+    def declare_queue(self, name, passive, durable, exclusive, auto_delete, table, conn,
                       server_name=None) -> Queue:
+        """queue.declare, in rabbit_channel's order: the queue type a nameless declare may have, the name,
+        then for an existing queue the equivalence checks, for a new one its arguments
+        (arguments.check_declare) and its type's own checks."""
         now = self.core.now()
         if passive:
             q = self.get_queue(name, conn)
             q.last_used = now
             return q
-        stream = _s((arguments or {}).get("x-queue-type")) == "stream"
+        behaviour = self.core.behaviour
+        args = arguments.with_queue_type(table, behaviour)
         if not name:
-            if stream:
-                raise replies.channel_error(replies.PRECONDITION_FAILED,
-                                            "Cannot declare a server-named queue for type rabbit_stream_queue")
+            qtype = arguments.queue_type(args, behaviour)
+            if qtype in QUEUE_TYPES and not QUEUE_TYPES[qtype].server_named:
+                raise replies.channel_error(
+                    replies.PRECONDITION_FAILED,
+                    f"Cannot declare a server-named queue for type {arguments.TYPE_MODULES[qtype]}")
             name = server_name or "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
             raise replies.channel_error(
                 replies.ACCESS_REFUSED,
                 f"queue name '{name}' contains reserved prefix 'amq.*'")
         owner = conn if exclusive else None
+        durable = durable and not exclusive     # rabbit_channel: an exclusive queue is never durable
         q = self.queues.get(name)
         if q is not None:
             # rabbit_amqqueue:check_exclusive_access(strict): owned by another connection, or the
@@ -192,19 +210,12 @@ class VirtualHost:
                         replies.PRECONDITION_FAILED,
                         f"inequivalent arg '{field}' for {_rs_queue(name, self.name)}: "
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'")
-            arguments = arguments or {}
-            for key in () if q.is_stream else EQUIVALENCE_ARGS:
-                have, want = q.arguments.get(key), arguments.get(key)
-                if not _arg_equal(have, want):
-                    raise replies.channel_error(
-                        replies.PRECONDITION_FAILED,
-                        f"inequivalent arg '{key}' for {_rs_queue(name, self.name)}: "
-                        f"received {_fmt_arg(want)} but current is {_fmt_arg(have)}")
-            if q.is_stream:
-                q.check_equivalent(arguments)
+            arguments.assert_equivalent(q.arguments, args, q.queue_type, name, self.name, behaviour)
             q.last_used = now
             return q
-        q = (StreamQueue if stream else Queue)(self, name, durable, owner, auto_delete, arguments or {}, now)
+        arguments.check_dead_letter_exchange(args, name, self.name)
+        qtype = arguments.check_declare(args, name, self.name, behaviour)
+        q = QUEUE_TYPES[qtype](self, name, durable, owner, auto_delete, args, now)
         self.queues[name] = q
         self.default_exchange.bind(q, name, {})
         if owner is not None:
@@ -215,17 +226,10 @@ class VirtualHost:
         return q
 
     def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
-        if q.is_stream:  # RabbitMQ deletes a stream whatever if-unused / if-empty say, and counts 0
-            count, if_unused, if_empty = 0, False, False
-            q.drop_log()
-        if if_unused and q.consumers:
-            raise replies.channel_error(replies.PRECONDITION_FAILED,
-                                        f"{_rs_queue(q.name, self.name)} in use")
-        if if_empty and q.message_count():
-            raise replies.channel_error(replies.PRECONDITION_FAILED,
-                                        f"{_rs_queue(q.name, self.name)} not empty")
-        if not q.is_stream:
-            count = q.message_count()
+        """queue.delete: the queue type checks if-unused / if-empty; delete-ok counts the ready messages
+        (0 for a stream, as RabbitMQ's); consumers get basic.cancel."""
+        q.check_delete(if_unused, if_empty)
+        count = 0 if q.is_stream else q.message_count()
         if q.deleted:
             return count
         q.deleted = True
@@ -237,9 +241,8 @@ class VirtualHost:
                 x.unbind_destination(q)
                 if x is not self.default_exchange:
                     self._maybe_auto_delete(x)
-        if not q.is_stream:
-            q.purge()
-        for consumer in list(q.consumers):
+        q.drop_all()
+        for consumer in list(q.all_consumers()):
             consumer.channel.cancel_by_broker(consumer)
         q.consumers.clear()
         if q.exclusive_owner is not None:
@@ -289,7 +292,7 @@ class VirtualHost:
                     pending.append(self.exchanges[ae])
                 continue
             for d in dests:
-                if isinstance(d, (Queue, StreamQueue)):
+                if not isinstance(d, Exchange):
                     if d not in queues:
                         queues.append(d)
                 else:
@@ -309,37 +312,69 @@ class VirtualHost:
         """
         if self.core.store is not None:
             self.core.store.removed(msgs)   # gone from q for good, whether or not they are republished
-        dlx_name = q.args.dead_letter_exchange
-        if dlx_name is None:
-            return
-        dlx = self.exchanges.get(dlx_name)
+        dlx = self.exchanges.get(q.args.dead_letter_exchange) if q.args.dead_letter_exchange is not None else None
         if dlx is None:
             return
         now = self.core.now()
-        wall = int(self.core.wall_clock())
         for m in msgs:
-            header, deaths = _with_x_death(m, q.name, reason, wall)
-            rk = q.args.dead_letter_routing_key
-            keys = [rk] if rk is not None else [m.routing_key, *_cc_keys(header)]
-            dm = Message(dlx_name, keys[0], header, m.body)
-            dm.priority = m.priority
-            targets = []
-            for key in keys:
-                targets += [t for t in self.route(dlx, key, dm) if t not in targets]
-            if reason != "rejected" and not any(r == "rejected" for _, r in deaths):
-                targets = [t for t in targets if not any(qn == t.name for qn, _ in deaths)]
+            dm, targets = self._dead_letter_targets(q, dlx, m, reason)
             for t in targets:
-                if t.is_stream:
-                    # RabbitMQ 3.10 dead-letters with stateless queue states, which its streams drop
-                    # (rabbit_stream_queue:deliver/2: "TODO what do we do with stateless?").
-                    continue
-                if t.would_reject(len(dm.body)):
+                if t.would_reject(dm):
                     continue
                 t.enqueue(dm.copy() if len(targets) > 1 else dm, now)
 
+    def _dead_letter_targets(self, q, dlx: Exchange, m: Message, reason: str):
+        """The dead letter of `m` (its x-death recorded) and the queues the dead-letter exchange routes it to,
+        leaving out a queue it would cycle back to without a rejection in the cycle, and streams where the
+        version drops dead letters to them (RabbitMQ 3.10 dead-letters with stateless queue states, which
+        its streams drop: rabbit_stream_queue:deliver/2, "TODO what do we do with stateless?")."""
+        behaviour = self.core.behaviour
+        header, deaths = _with_x_death(m, q.name, reason, int(self.core.wall_clock()), behaviour.last_death_headers)
+        rk = q.args.dead_letter_routing_key
+        keys = [rk] if rk is not None else [m.routing_key, *_cc_keys(header)]
+        dm = Message(dlx.name, keys[0], header, m.body)
+        dm.priority = m.priority
+        if behaviour.delivery_count_annotation:
+            dm.delivery_count = m.delivery_count
+        targets = []
+        for key in keys:
+            targets += [t for t in self.route(dlx, key, dm) if t not in targets]
+        if reason != "rejected" and not any(r == "rejected" for _, r in deaths):
+            targets = [t for t in targets if not any(qn == t.name for qn, _ in deaths)]
+        if not behaviour.stream_dead_letters:
+            targets = [t for t in targets if not t.is_stream]
+        return dm, targets
 
-def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
-    """The message's content header with x-death updated (see dead_letter), and its prior deaths."""
+    def dead_letter_at_least_once(self, q, entry: list) -> bool:
+        """One at-least-once dead letter of quorum queue q (entry: [message, reason, names of the queues
+        that took it]): published to the queues the dead-letter exchange routes it to that have not taken
+        it yet. True once it routed somewhere and every queue took it (RabbitMQ's dead-letter worker
+        settles it when every target confirmed); else it stays with q for a retry."""
+        m, reason, done = entry
+        dlx = self.exchanges.get(q.args.dead_letter_exchange)
+        if dlx is None:
+            return False
+        dm, targets = self._dead_letter_targets(q, dlx, m, reason)
+        if not targets:
+            return False
+        now = self.core.now()
+        for t in targets:
+            if t.name in done:
+                continue
+            if t.would_reject(dm, q):
+                continue
+            t.enqueue(dm.copy(), now)
+            done.add(t.name)
+        if all(t.name in done for t in targets):
+            if self.core.store is not None:
+                self.core.store.removed([m])
+            return True
+        return False
+
+
+def _with_x_death(m: Message, queue_name: str, reason: str, wall: int, last_death: bool):
+    """The message's content header with x-death updated (see dead_letter), and its prior deaths.
+    `last_death`: x-last-death-exchange/-queue/-reason name this death too (4.x)."""
     prefix, raw = m.header[:12], properties.split(m.header[12:])
     items = fields.table_items(raw["headers"]) if "headers" in raw else []
     entries = []
@@ -388,6 +423,11 @@ def _with_x_death(m: Message, queue_name: str, reason: str, wall: int):
                        ("x-first-death-reason", reason)):
         if key not in present:
             firsts.append((key, fields.enc_longstr(value)))
+    if last_death:
+        lasts = (("x-last-death-exchange", m.exchange), ("x-last-death-queue", queue_name),
+                 ("x-last-death-reason", reason))
+        others = [(k, v) for k, v in others if k not in dict(lasts)]
+        firsts += [(key, fields.enc_longstr(value)) for key, value in lasts]
     new_items = [("x-death", fields.enc_array(death_values))] + firsts + others
     raw["headers"] = fields.table_from_items(new_items)
     raw.pop("expiration", None)
@@ -413,13 +453,3 @@ def _fmt(v):
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def _fmt_arg(v):
-    return "none" if v is None else f"the value '{_s(v)}'"
-
-
-def _arg_equal(a, b) -> bool:
-    if isinstance(a, (bytes, bytearray)):
-        a = bytes(a).decode("utf-8", "replace")
-    if isinstance(b, (bytes, bytearray)):
-        b = bytes(b).decode("utf-8", "replace")
-    return a == b

@@ -1,5 +1,6 @@
 """Broker helpers shared by the test suites (``from brokers import ...``): a port nothing listens on, the
-reference RabbitMQ through ``rabbitmqctl``, and cutting a broker's connections from the broker's side.
+two reference RabbitMQ nodes (3.10 and 4.3) and their ``rabbitmqctl``, and cutting a broker's connections
+from the broker's side.
 
 Cutting on RabbitMQ closes the chosen connections one at a time (``rabbitmqctl close_connection``: the
 client gets 320 CONNECTION_FORCED with the given reason), never ``close_all_connections``: the server is
@@ -25,35 +26,58 @@ import pytest
 
 RABBITMQCTL_TIMEOUT = 30
 
-# Where the reference RabbitMQ is. Tests that need it call require_rabbitmq(): a skip with the reason when it
-# is not reachable, a failure under CI (SPARK_AMQP_REQUIRE_RABBITMQ=1).
+# Where the reference RabbitMQ nodes are. Tests that need one call require_rabbitmq() (3.10) or
+# require_rabbitmq4() (4.3): a skip with the reason when it is not reachable, a failure under CI
+# (SPARK_AMQP_REQUIRE_RABBITMQ=1).
 RABBITMQ_HOST = os.environ.get("SPARK_AMQP_RABBITMQ_HOST", "127.0.0.1")
 RABBITMQ_PORT = int(os.environ.get("SPARK_AMQP_RABBITMQ_PORT", "5672"))
 RABBITMQ_URL = f"amqp://guest:guest@{RABBITMQ_HOST}:{RABBITMQ_PORT}/%2F"
 REQUIRE_RABBITMQ = os.environ.get("SPARK_AMQP_REQUIRE_RABBITMQ") == "1"
 
-_reachable: bool | None = None
+# The RabbitMQ 4.3 node started by ../shared/rabbitmq4/start.sh, its rabbitmqctl in the same folder (the host's
+# rabbitmqctl, 3.10's, cannot reach it).
+RABBITMQ4_HOST = os.environ.get("SPARK_AMQP_RABBITMQ4_HOST", "127.0.0.1")
+RABBITMQ4_PORT = int(os.environ.get("SPARK_AMQP_RABBITMQ4_PORT", "5682"))
+RABBITMQ4_URL = f"amqp://guest:guest@{RABBITMQ4_HOST}:{RABBITMQ4_PORT}/%2F"
+RABBITMQ4_CTL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "shared", "rabbitmq4", "ctl.sh")
+
+# The two reference nodes by the version they run: (host, port, URL).
+NODES = {"3.10": (RABBITMQ_HOST, RABBITMQ_PORT, RABBITMQ_URL),
+         "4.3": (RABBITMQ4_HOST, RABBITMQ4_PORT, RABBITMQ4_URL)}
+# The smallest frame_max a client may negotiate with each version (rabbit_framing FRAME_MIN_SIZE).
+MIN_FRAME_MAX = {"3.10": 4096, "4.3": 8192}
+_STARTED_BY = {"3.10": "`rabbitmq-server -detached`", "4.3": "../shared/rabbitmq4/start.sh"}
+
+_reachable: dict[str, bool] = {}
 
 
-def rabbitmq_reachable() -> bool:
-    global _reachable
-    if _reachable is None:
+def rabbitmq_reachable(version: str = "3.10") -> bool:
+    if version not in _reachable:
+        host, port, _url = NODES[version]
         try:
-            with socket.create_connection((RABBITMQ_HOST, RABBITMQ_PORT), timeout=2):
-                _reachable = True
+            with socket.create_connection((host, port), timeout=2):
+                _reachable[version] = True
         except OSError:
-            _reachable = False
-    return _reachable
+            _reachable[version] = False
+    return _reachable[version]
 
 
-def require_rabbitmq() -> None:
-    if rabbitmq_reachable():
-        return
-    reason = (f"RabbitMQ is not reachable at {RABBITMQ_HOST}:{RABBITMQ_PORT} "
-              "(start it with `rabbitmq-server -detached`)")
+def require_rabbitmq(version: str = "3.10") -> str:
+    """The URL of the reference node running RabbitMQ `version`; skips (fails under CI) when it is down."""
+    host, port, url = NODES[version]
+    if rabbitmq_reachable(version):
+        return url
+    reason = (f"RabbitMQ {version} is not reachable at {host}:{port} "
+              f"(start it with {_STARTED_BY[version]})")
     if REQUIRE_RABBITMQ:
         pytest.fail(reason + "; SPARK_AMQP_REQUIRE_RABBITMQ=1 forbids skipping")
     pytest.skip(reason)
+
+
+def require_rabbitmq4() -> str:
+    """The RabbitMQ 4.3 node's URL; skips (fails under CI) when 5682 is closed."""
+    return require_rabbitmq("4.3")
 
 
 def free_port() -> int:
@@ -66,18 +90,26 @@ def free_port() -> int:
 # ------------------------------------------------------------------------------------- RabbitMQ
 
 
-def rabbitmqctl(*args: str) -> str:
-    """``rabbitmqctl -q <args>``'s output; RuntimeError (with its stderr) when it fails."""
-    out = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                         timeout=RABBITMQCTL_TIMEOUT)
+def rabbitmqctl(*args: str, version: str = "3.10") -> str:
+    """``rabbitmqctl -q <args>``'s output on the node running RabbitMQ `version` (3.10: the host's
+    rabbitmqctl; 4.3: ../shared/rabbitmq4/ctl.sh); RuntimeError (with its stderr) when it fails."""
+    ctl = "rabbitmqctl" if version == "3.10" else RABBITMQ4_CTL
+    out = subprocess.run([ctl, "-q", *args], capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT)
     if out.returncode != 0:
-        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {out.stderr.strip()}")
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} ({version}) failed: {out.stderr.strip()}")
     return out.stdout
 
 
-def rabbitmq_list(what: str, *columns: str) -> list[dict[str, str]]:
+def rabbitmq_list(what: str, *columns: str, version: str = "3.10") -> list[dict[str, str]]:
     """``rabbitmqctl list_<what> <columns>`` as one dict a row (column name -> text); the last column
-    keeps any tabs of its own (``client_properties`` does)."""
+    keeps any tabs of its own (``client_properties`` does). 4.3's CLI has no tab-separated output: its JSON
+    is read and every value given as text, as 3.10's are."""
+    import json
+
+    if version != "3.10":
+        rows = json.loads(rabbitmqctl(f"list_{what}", *columns, "--formatter", "json", version=version) or "[]")
+        return [{c: row.get(c) if isinstance(row.get(c), str) else json.dumps(row.get(c)) for c in columns}
+                for row in rows]
     rows = []
     for line in rabbitmqctl(f"list_{what}", *columns, "--no-table-headers").splitlines():
         parts = line.split("\t", len(columns) - 1)
@@ -91,17 +123,19 @@ def rabbitmq_list(what: str, *columns: str) -> list[dict[str, str]]:
 
 def cut_connections(broker: Any, *, embedded: Callable[[Any], bool],
                     rabbitmq: Callable[[dict[str, str]], bool], columns: Sequence[str],
-                    reason: str) -> int:
+                    reason: str, version: str = "3.10") -> int:
     """Close, from the broker's side, the connections a test picks; returns how many were closed.
 
     ``broker`` is the embedded ``Broker``, or None for RabbitMQ. On the embedded broker ``embedded(conn)``
     picks among the core's connections (read on the broker's thread); on RabbitMQ ``rabbitmq(row)`` picks
-    among the rows of ``rabbitmq_list("connections", "pid", *columns)``, and ``reason`` is the close text.
+    among the rows of ``rabbitmq_list("connections", "pid", *columns)``, and ``reason`` is the close text;
+    ``version`` picks the RabbitMQ node.
     """
     if broker is None:
-        pids = [row["pid"] for row in rabbitmq_list("connections", "pid", *columns) if rabbitmq(row)]
+        pids = [row["pid"] for row in rabbitmq_list("connections", "pid", *columns, version=version)
+                if rabbitmq(row)]
         for pid in pids:
-            rabbitmqctl("close_connection", pid, reason)
+            rabbitmqctl("close_connection", pid, reason, version=version)
         return len(pids)
 
     def abort(core) -> int:
@@ -208,12 +242,12 @@ class RabbitTLSNode:
 # ------------------------------------------------------------------------------ RabbitMQ definitions
 
 
-def rabbitmq_definitions(vhosts, users) -> dict:
+def rabbitmq_definitions(vhosts, users, version: str = "3.10") -> dict:
     """RabbitMQ's ``export_definitions`` cut down to some vhosts and users (the shared RabbitMQ holds other
     tests' too). Exported to standard output: the node cannot write into pytest's private directories."""
     import json
 
-    doc = json.loads(rabbitmqctl("export_definitions", "-", "--format", "json"))
+    doc = json.loads(rabbitmqctl("export_definitions", "-", "--format", "json", version=version))
     out = {}
     for key, items in doc.items():
         if not isinstance(items, list):
@@ -230,22 +264,24 @@ def rabbitmq_definitions(vhosts, users) -> dict:
 
 
 @contextlib.contextmanager
-def rabbitmq_setup(vhost: str, users: Sequence[str], setup: Callable[[], None], fallback: dict):
-    """The definitions a differential test starts the embedded broker with: when RabbitMQ is reachable, add
-    `vhost` there, run `setup()` (rabbitmqctl users, permissions, AMQP declares...), and yield RabbitMQ's own
-    export cut down to `vhost` and `users`, with True; the vhost and users are deleted afterwards. Without
-    RabbitMQ, yield `fallback` (the same setup written in the export's format) and False."""
-    if not rabbitmq_reachable():
+def rabbitmq_setup(vhost: str, users: Sequence[str], setup: Callable[[str], None], fallback: dict,
+                   version: str = "3.10"):
+    """The definitions a differential test starts the embedded broker with: when the RabbitMQ `version` node
+    is reachable, add `vhost` there, run `setup(version)` (rabbitmqctl users, permissions, AMQP declares...),
+    and yield that node's own export cut down to `vhost` and `users`, with True; the vhost and users are
+    deleted afterwards. Without that node, yield `fallback` (the same setup written in the export's format)
+    and False."""
+    if not rabbitmq_reachable(version):
         yield fallback, False
         return
     try:
-        rabbitmqctl("add_vhost", vhost)
-        setup()
-        yield rabbitmq_definitions({vhost}, set(users)), True
+        rabbitmqctl("add_vhost", vhost, version=version)
+        setup(version)
+        yield rabbitmq_definitions({vhost}, set(users), version), True
     finally:
         for args in (("delete_vhost", vhost), *(("delete_user", u) for u in users if u != "guest")):
             try:
-                rabbitmqctl(*args)
+                rabbitmqctl(*args, version=version)
             except RuntimeError:
                 pass    # never created (setup failed first)
 

@@ -21,6 +21,7 @@ from pamqp import header as pheader
 from pamqp import frame as pframe
 from pamqp import heartbeat as pheartbeat
 
+from brokers import MIN_FRAME_MAX
 from helpers import (PROTOCOL_HEADER, RawConnection, amqp_connect, parse_url, pika_connect,
                      raw_handshake, raw_socket, recv_until_closed, safe_close)
 from waiting import wait_until
@@ -62,11 +63,15 @@ def _start_raw(url: str) -> tuple[RawConnection, C.Connection.Start]:
     b"AMQX\x00\x00\x09\x01",          # not AMQP at all
     b"HTTP/1.1 GET /\r\n\r\n",
 ], ids=["0-8", "0-9-0", "0-9-2", "1-0", "AMQX", "http"])
-def test_bad_protocol_header_gets_supported_header_and_close(broker_url, header):
+def test_bad_protocol_header_gets_supported_header_and_close(broker_url, header, rabbitmq_version):
+    """The server's header in reply: 0-9-1's (4.x: for an AMQP 0-9-x header only; for any other, AMQP 1.0's
+    with the SASL layer), then the socket closes."""
     s = raw_socket(broker_url)
     try:
         s.sendall(header)
-        assert recv_until_closed(s, timeout=10) == b"AMQP\x00\x00\x09\x01"
+        amqp09 = header[:6] == b"AMQP\x00\x00" and header[6] >= 9
+        expected = b"AMQP\x00\x00\x09\x01" if rabbitmq_version == "3.10" or amqp09 else b"AMQP\x03\x01\x00\x00"
+        assert recv_until_closed(s, timeout=10) == expected
     finally:
         s.close()
 
@@ -270,10 +275,11 @@ def test_py_amqp_negotiates_lower_values(broker_url):
         conn.close()
 
 
-def test_small_frame_max_large_message_round_trip(broker_url, unique_name):
-    """With frame_max=4096 a 50 kB message is split by both sides and arrives intact."""
+def test_small_frame_max_large_message_round_trip(broker_url, unique_name, rabbitmq_version):
+    """With the smallest frame_max (4096; 8192 on 4.x) a 50 kB message is split by both sides and arrives
+    intact."""
     payload = bytes(range(256)) * 200
-    conn = pika_connect(broker_url, frame_max=4096)
+    conn = pika_connect(broker_url, frame_max=MIN_FRAME_MAX[rabbitmq_version])
     try:
         ch = conn.channel()
         q = ch.queue_declare(unique_name("q"), exclusive=True).method.queue
@@ -287,9 +293,9 @@ def test_small_frame_max_large_message_round_trip(broker_url, unique_name):
         conn.close()
 
 
-def test_server_respects_negotiated_frame_max_when_delivering(broker_url, unique_name):
-    frame_max = 4096
-    payload = b"z" * 10_000
+def test_server_respects_negotiated_frame_max_when_delivering(broker_url, unique_name, rabbitmq_version):
+    frame_max = MIN_FRAME_MAX[rabbitmq_version]
+    payload = b"z" * 20_000
     rc, _tune = raw_handshake(broker_url, frame_max=frame_max)
     q = unique_name("q")
     try:
@@ -324,14 +330,14 @@ def test_server_respects_negotiated_frame_max_when_delivering(broker_url, unique
         rc.close()
 
 
-def test_frame_above_negotiated_frame_max_is_501(broker_url):
-    rc, _tune = raw_handshake(broker_url, frame_max=4096)
+def test_frame_above_negotiated_frame_max_is_501(broker_url, rabbitmq_version):
+    rc, _tune = raw_handshake(broker_url, frame_max=MIN_FRAME_MAX[rabbitmq_version])
     try:
         rc.send(1, C.Channel.Open())
         assert isinstance(rc.read_method()[1], C.Channel.OpenOk)
         rc.send(1, C.Basic.Publish(exchange="", routing_key="nowhere"))
-        rc.send(1, pheader.ContentHeader(0, 5000, C.Basic.Properties()))
-        rc.send(1, pbody.ContentBody(b"x" * 5000))
+        rc.send(1, pheader.ContentHeader(0, 10_000, C.Basic.Properties()))
+        rc.send(1, pbody.ContentBody(b"x" * 10_000))
         ch, frame = rc.read_method()
         assert ch == 0 and isinstance(frame, C.Connection.Close), frame
         assert frame.reply_code == 501
@@ -553,7 +559,7 @@ def test_other_connections_unaffected_by_connection_error(broker_url, unique_nam
         bad = amqp_connect(broker_url)
         bch = bad.channel()
         with pytest.raises(amqp.exceptions.AMQPError):
-            bch.exchange_declare(unique_name("x"), "no-such-type")   # 503, a connection error
+            bch.basic_qos(10, 0, False)    # prefetch_size: 540, a connection error on every version
         assert not bad.connected
         safe_close(bad)
         gch.basic_publish("", q, b"still here")

@@ -24,7 +24,7 @@ import pika
 import pika.exceptions
 import pytest
 from brokers import free_port, rabbitmq_setup, rabbitmqctl
-from brokers import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
+from brokers import NODES, RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
 from spark_amqp_broker import Broker
 from spark_amqp_broker.access import MD5, SHA256, SHA512, hash_password
 from spark_amqp_broker.config import BrokerConfig
@@ -91,23 +91,28 @@ def _local_definitions() -> dict:
     }
 
 
-def _rabbitmq_setup() -> None:
-    rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
-    _build_topology(f"amqp://guest:guest@{RABBITMQ_HOST}:{RABBITMQ_PORT}/{VHOST}")
+def _rabbitmq_setup(version: str) -> None:
+    rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*", version=version)
+    host, port, _url = NODES[version]
+    _build_topology(f"amqp://guest:guest@{host}:{port}/{VHOST}")
 
 
-@pytest.fixture(scope="module")
-def topology():
-    with rabbitmq_setup(VHOST, ("guest",), _rabbitmq_setup, _local_definitions()) as (defs, on_rabbit):
-        with Broker(port=0, definitions=defs) as broker:
-            yield {"embedded": broker, "rabbitmq": on_rabbit, "definitions": defs}
+@pytest.fixture(scope="module", params=["3.10", "4.3"])
+def topology(request):
+    """The topology exported from the RabbitMQ node of each version and loaded into an embedded broker
+    behaving as that version."""
+    version = request.param
+    with rabbitmq_setup(VHOST, ("guest",), _rabbitmq_setup, _local_definitions(), version) as (defs, on_rabbit):
+        with Broker(port=0, definitions=defs, rabbitmq_version=version) as broker:
+            yield {"version": version, "embedded": broker, "rabbitmq": on_rabbit, "definitions": defs}
 
 
 @pytest.fixture(params=["embedded", "rabbitmq"])
 def url(request, topology):
     if request.param == "rabbitmq":
-        require_rabbitmq()
-        return f"amqp://guest:guest@{RABBITMQ_HOST}:{RABBITMQ_PORT}/{urllib.parse.quote(VHOST, safe='')}"
+        host, port, _url = NODES[topology["version"]]
+        require_rabbitmq(topology["version"])
+        return f"amqp://guest:guest@{host}:{port}/{urllib.parse.quote(VHOST, safe='')}"
     return f"amqp://guest:guest@127.0.0.1:{topology['embedded'].port}/{urllib.parse.quote(VHOST, safe='')}"
 
 
@@ -198,12 +203,16 @@ def test_unsupported_items_are_reported_by_name(caplog):
         "global_parameters": [{"name": "cluster_name", "value": "prod"}],
         "queues": [{"name": "qq", "vhost": "v", "durable": True, "auto_delete": False, "type": "quorum",
                     "arguments": {"x-queue-type": "quorum"}},
+                   {"name": "bad", "vhost": "v", "durable": True, "auto_delete": False,
+                    "arguments": {"x-max-length": -1}},
                    {"name": "classic", "vhost": "v", "durable": True, "auto_delete": False, "arguments": {}},
                    {"name": "lost", "vhost": "nowhere", "durable": True, "auto_delete": False,
                     "arguments": {}}],
         "exchanges": [{"name": "x", "vhost": "v", "type": "x-consistent-hash", "durable": True,
                        "auto_delete": False, "internal": False, "arguments": {}}],
         "bindings": [{"source": "amq.direct", "vhost": "v", "destination": "qq", "destination_type": "queue",
+                      "routing_key": "k", "arguments": {}},
+                     {"source": "amq.direct", "vhost": "v", "destination": "bad", "destination_type": "queue",
                       "routing_key": "k", "arguments": {}},
                      {"source": "amq.direct", "vhost": "v", "destination": "classic",
                       "destination_type": "queue", "routing_key": "k", "arguments": {}}],
@@ -213,6 +222,7 @@ def test_unsupported_items_are_reported_by_name(caplog):
     with Broker(port=0, definitions=doc) as b:
         skipped = b.core.definitions_skipped
         assert "classic" in b.core.vhosts["v"].queues
+        assert b.core.vhosts["v"].queues["qq"].queue_type == "quorum"
         assert "bcrypt-user" not in b.core.access.users
     expected = [
         "unknown key 'shovels'",
@@ -222,10 +232,10 @@ def test_unsupported_items_are_reported_by_name(caplog):
         "limits of user 'ok-user'",
         "user 'bcrypt-user': unsupported hashing_algorithm 'rabbit_password_hashing_bcrypt'",
         "limits of vhost 'v'",
-        "exchange 'x' in vhost 'v': COMMAND_INVALID - unknown exchange type 'x-consistent-hash'",
-        "queue 'qq' in vhost 'v': PRECONDITION_FAILED - invalid arg 'x-queue-type'",
+        "exchange 'x' in vhost 'v': PRECONDITION_FAILED - unknown exchange type 'x-consistent-hash'",
+        "queue 'bad' in vhost 'v': PRECONDITION_FAILED - invalid arg 'x-max-length'",
         "queue 'lost' in vhost 'nowhere': the vhost is not defined",
-        "binding from exchange 'amq.direct' to queue 'qq' with routing key 'k' in vhost 'v': no such queue",
+        "binding from exchange 'amq.direct' to queue 'bad' with routing key 'k' in vhost 'v': no such queue",
     ]
     assert len(skipped) == len(expected), skipped
     for want, got in zip(expected, skipped):
@@ -343,7 +353,7 @@ orders = ["^alice\\\\.", ".*", {{}}]
             ch.basic_publish("amq.topic", "us.x", b"m")
             ch.basic_qos(prefetch_count=0)
         assert ei.value.reply_code == 403
-        assert ei.value.reply_text == ("ACCESS_REFUSED - access to topic 'us.x' in exchange 'amq.topic' in vhost "
+        assert ei.value.reply_text == ("ACCESS_REFUSED - write access to topic 'us.x' in exchange 'amq.topic' in vhost "
                                        "'orders' refused for user 'alice'")
         conn.close()
 

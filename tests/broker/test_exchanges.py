@@ -265,7 +265,7 @@ HEADER_BINDINGS = {
     "all-no-keys": ({"x-match": "all"}, ALL_MESSAGES),
     "any-no-keys": ({"x-match": "any"}, []),
     "no-arguments": ({}, ALL_MESSAGES),
-    "int-1": ({"n": 1}, ["n1", "n1f"]),                 # numeric equality; not "1", not true
+    "int-1": ({"n": 1}, ["n1", "n1f"]),                 # numeric equality (3.10); not "1", not true
     "str-1": ({"n": "1"}, ["n1s"]),
     "bool-true": ({"f": True}, ["ftrue"]),               # true is not 1
     "double": ({"fl": 1.5}, ["fl"]),
@@ -298,9 +298,13 @@ def _amqp_drain(ch, q):
         out.append(m.body.decode() if isinstance(m.body, (bytes, bytearray)) else m.body)
 
 
+# 4.x compares values exactly: the integer 1 no longer matches the double 1.0.
+HEADER_BINDINGS_43 = {"int-1": ({"n": 1}, ["n1"])}
+
+
 @pytest.mark.parametrize("binding", list(HEADER_BINDINGS))
-def test_headers_exchange(amqp_conn, unique_name, binding):
-    args, expected = HEADER_BINDINGS[binding]
+def test_headers_exchange(amqp_conn, unique_name, binding, rabbitmq_version):
+    args, expected = (HEADER_BINDINGS_43 if rabbitmq_version == "4.3" else {}).get(binding, HEADER_BINDINGS[binding])
     ch = amqp_conn.channel()
     x = unique_name("headers")
     ch.exchange_declare(x, "headers", auto_delete=True)

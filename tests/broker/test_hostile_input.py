@@ -40,6 +40,7 @@ from pamqp import commands
 from pamqp import frame as pframe
 from pamqp import header as pheader
 
+from brokers import MIN_FRAME_MAX, require_rabbitmq
 from spark_amqp_broker import Broker
 from helpers import (
     PROTOCOL_HEADER,
@@ -51,7 +52,9 @@ from helpers import (
 )
 
 FRAME_END = b"\xce"
-RABBITMQ_MAX_MESSAGE_SIZE = 134217728  # rabbit.max_message_size default in 3.10 (checked with rabbitmqctl)
+# rabbit.max_message_size's default per version (checked with rabbitmqctl): 128 MiB on 3.10, 16 MiB on 4.3.
+MAX_MESSAGE_SIZE = {"3.10": 134217728, "4.3": 16777216}
+RABBITMQ_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE["3.10"]
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -140,15 +143,15 @@ def _random_bytes(seed: int) -> Action:
 
 
 def _oversized_body_frame(rc: RawConnection) -> None:
-    # frame_max negotiated to 4096 (see FRAME_MAX below): a 5000-octet body frame is too large.
+    # frame_max negotiated to the version's smallest (see FRAME_MAX below): a 10,000-octet body frame is too large.
     open_channel(rc)
     rc.send(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
-    rc.send(1, pheader.ContentHeader(body_size=5000))
-    rc.send_bytes(raw_frame(3, 1, b"x" * 5000))
+    rc.send(1, pheader.ContentHeader(body_size=10_000))
+    rc.send_bytes(raw_frame(3, 1, b"x" * 10_000))
 
 
 def _oversized_method_frame(rc: RawConnection) -> None:
-    rc.send_bytes(raw_frame(1, 0, method_payload(10, 40) + b"\x00" * 5000))
+    rc.send_bytes(raw_frame(1, 0, method_payload(10, 40) + b"\x00" * 10_000))
 
 
 def _bad_frame_end(rc: RawConnection) -> None:
@@ -209,7 +212,7 @@ def _header_on_channel_zero(rc: RawConnection) -> None:
     rc.send(0, pheader.ContentHeader(body_size=3))
 
 
-FRAME_MAX = 4096
+FRAME_MAX = None      # the smallest frame_max the version lets a client negotiate (brokers.MIN_FRAME_MAX)
 
 # (id, action, tune-ok frame_max, expected connection.close reply code)
 ERROR_CASES: list[tuple[str, Action, int, int]] = [
@@ -234,8 +237,9 @@ ERROR_CASES: list[tuple[str, Action, int, int]] = [
 
 @pytest.mark.parametrize("action,frame_max,code",
                          [pytest.param(a, fm, c, id=i) for i, a, fm, c in ERROR_CASES])
-def test_bad_frame_closes_connection_with_reply_code(broker_url, unique_name, action, frame_max, code):
-    rc, _tune = raw_handshake(broker_url, frame_max=frame_max)
+def test_bad_frame_closes_connection_with_reply_code(broker_url, unique_name, action, frame_max, code,
+                                                     rabbitmq_version):
+    rc, _tune = raw_handshake(broker_url, frame_max=frame_max or MIN_FRAME_MAX[rabbitmq_version])
     try:
         action(rc)
         close = await_connection_close(rc)
@@ -327,18 +331,21 @@ def _publish_oversized(rc: RawConnection, body_size: int) -> None:
         pytest.fail(f"the broker dropped the connection after {sent} body octets: {e!r}")
 
 
-@pytest.mark.parametrize("target", ["embedded-1MiB", "embedded-default", "rabbitmq"])
-def test_message_above_max_message_size_is_refused_on_the_channel(request, target, unique_name):
-    """406 PRECONDITION_FAILED on the channel (RabbitMQ 3.10), the connection stays usable."""
+@pytest.mark.parametrize("target", ["embedded-1MiB", "embedded-3.10", "rabbitmq-3.10", "embedded-4.3",
+                                    "rabbitmq-4.3"])
+def test_message_above_max_message_size_is_refused_on_the_channel(target, unique_name):
+    """406 PRECONDITION_FAILED on the channel, the connection stays usable; the embedded broker's default limit
+    is RabbitMQ's for the version it behaves as."""
     broker = None
-    if target == "rabbitmq":
-        url, limit = request.getfixturevalue("rabbitmq_url"), RABBITMQ_MAX_MESSAGE_SIZE
-    elif target == "embedded-1MiB":
+    kind, _, version = target.partition("-")
+    if kind == "rabbitmq":
+        url, limit = require_rabbitmq(version), MAX_MESSAGE_SIZE[version]
+    elif version == "1MiB":
         broker = Broker(port=0, max_message_size=1 << 20).start()
         url, limit = broker.url, 1 << 20
     else:
-        broker = Broker(port=0).start()
-        url, limit = broker.url, RABBITMQ_MAX_MESSAGE_SIZE  # our default must equal RabbitMQ's
+        broker = Broker(port=0, rabbitmq_version=version).start()
+        url, limit = broker.url, MAX_MESSAGE_SIZE[version]  # our default must equal RabbitMQ's
     try:
         rc, _tune = raw_handshake(url)
         try:
@@ -503,8 +510,9 @@ def test_200_garbage_connections_while_a_good_client_works(amqp_broker, unique_n
     assert_broker_serves(url, unique_name)
 
 
-def test_garbage_instead_of_protocol_header_gets_our_header_and_a_close(broker_url):
-    """Spec 4.2.2: a bad protocol header is answered with the server's own header, then the socket closes."""
+def test_garbage_instead_of_protocol_header_gets_our_header_and_a_close(broker_url, rabbitmq_version):
+    """Spec 4.2.2: a bad protocol header is answered with the server's own header (4.x: AMQP 1.0's with SASL),
+    then the socket closes."""
     s = raw_socket(broker_url)
     try:
         s.sendall(b"GET / HT")  # exactly 8 octets, as long as a protocol header
@@ -521,4 +529,4 @@ def test_garbage_instead_of_protocol_header_gets_our_header_and_a_close(broker_u
             data += chunk
     finally:
         s.close()
-    assert data == PROTOCOL_HEADER, data
+    assert data == (PROTOCOL_HEADER if rabbitmq_version == "3.10" else b"AMQP\x03\x01\x00\x00"), data

@@ -1,4 +1,5 @@
-"""Users, vhosts and permissions: the same scenarios on RabbitMQ and on the embedded broker.
+"""Users, vhosts and permissions: the same scenarios on RabbitMQ and on the embedded broker, for each version
+(RabbitMQ 3.10 and the embedded broker as 3.10, RabbitMQ 4.3 and the embedded broker as 4.3).
 
 RabbitMQ is set up with rabbitmqctl (add_vhost, add_user, set_permissions, set_topic_permissions; deleted after
 the module), then its `export_definitions` output, filtered to this module's vhost and users, is what the
@@ -21,7 +22,7 @@ import pika
 import pika.exceptions
 import pytest
 from brokers import rabbitmq_setup, rabbitmqctl
-from brokers import RABBITMQ_HOST, RABBITMQ_PORT, require_rabbitmq
+from brokers import NODES, require_rabbitmq
 from pamqp import commands as C
 from spark_amqp_broker import Broker
 from spark_amqp_broker.access import hash_password, is_loopback
@@ -63,29 +64,40 @@ def _local_definitions() -> dict:
     }
 
 
-def _rabbitmq_setup() -> None:
+def _rabbitmq_setup(version: str) -> None:
+    # 4.x sets topic permissions only on an exchange that exists: declared here (as guest, whose permission on
+    # the vhost is not exported: only this module's users are)
+    rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*", version=version)
+    host, port, _url = NODES[version]
+    conn = pika.BlockingConnection(pika.URLParameters(
+        f"amqp://guest:guest@{host}:{port}/{urllib.parse.quote(VHOST, safe='')}"))
+    conn.channel().exchange_declare(TOPIC_X, "topic")     # as test_topic_permissions declares it
+    conn.close()
     for user in USERS:
-        rabbitmqctl("add_user", user, PASSWORD)
-    rabbitmqctl("set_user_tags", IMP, "impersonator")
+        rabbitmqctl("add_user", user, PASSWORD, version=version)
+    rabbitmqctl("set_user_tags", IMP, "impersonator", version=version)
     for user, (c, w, r) in PERMISSIONS.items():
-        rabbitmqctl("set_permissions", "-p", VHOST, user, c, w, r)
-    rabbitmqctl("set_topic_permissions", "-p", VHOST, USER, TOPIC_X, *TOPIC)
+        rabbitmqctl("set_permissions", "-p", VHOST, user, c, w, r, version=version)
+    rabbitmqctl("set_topic_permissions", "-p", VHOST, USER, TOPIC_X, *TOPIC, version=version)
 
 
-@pytest.fixture(scope="module")
-def world():
-    """{"rabbitmq": port or None, "embedded": the embedded Broker}: both hold this module's users and vhost."""
-    with rabbitmq_setup(VHOST, USERS, _rabbitmq_setup, _local_definitions()) as (defs, on_rabbit):
-        with Broker(port=0, definitions=defs) as broker:
-            yield {"rabbitmq": RABBITMQ_PORT if on_rabbit else None, "embedded": broker, "definitions": defs}
+@pytest.fixture(scope="module", params=["3.10", "4.3"])
+def world(request):
+    """{"version", "rabbitmq": the node's (host, port) or None, "embedded": the embedded Broker behaving as that
+    version}: both hold this module's users and vhost."""
+    version = CURRENT["version"] = request.param
+    with rabbitmq_setup(VHOST, USERS, _rabbitmq_setup, _local_definitions(), version) as (defs, on_rabbit):
+        with Broker(port=0, definitions=defs, rabbitmq_version=version) as broker:
+            yield {"version": version, "rabbitmq": NODES[version][:2] if on_rabbit else None,
+                   "embedded": broker, "definitions": defs}
 
 
 @pytest.fixture(params=["embedded", "rabbitmq"])
 def side(request, world):
     """A function (user, vhost=VHOST, password=PASSWORD) -> amqp:// URL on the broker under test."""
     if request.param == "rabbitmq":
-        require_rabbitmq()
-        host, port = RABBITMQ_HOST, world["rabbitmq"]
+        require_rabbitmq(world["version"])
+        host, port = world["rabbitmq"]
     else:
         host, port = "127.0.0.1", world["embedded"].port
 
@@ -138,8 +150,18 @@ def session(side):
         s.close()
 
 
-def refused(kind: str, name: str, user: str = USER):
-    return 403, f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '{VHOST}' refused for user '{user}'"
+# The version of the brokers under test (set by `world`): 4.x names the permission refused in its texts.
+CURRENT = {"version": "3.10"}
+
+
+def which(perm: str) -> str:
+    return f"{perm} " if CURRENT["version"] == "4.3" else ""
+
+
+def refused(kind: str, name: str, perm: str, user: str = USER):
+    """The 403 of a refused `perm` (configure, write, read) on a resource."""
+    return 403, (f"ACCESS_REFUSED - {which(perm)}access to {kind} '{name}' in vhost '{VHOST}' refused for "
+                 f"user '{user}'")
 
 
 # ------------------------------------------------------------------------ operation -> permission
@@ -148,7 +170,7 @@ def refused(kind: str, name: str, user: str = USER):
 def test_queue_declare_needs_configure(session, names):
     s = session()
     assert s.run(lambda ch: ch.queue_declare(names("c-q"), auto_delete=True)) == "ok"
-    assert s.run(lambda ch: ch.queue_declare(names("wr-q"))) == refused("queue", names("wr-q"))
+    assert s.run(lambda ch: ch.queue_declare(names("wr-q"))) == refused("queue", names("wr-q"), "configure")
 
 
 def test_server_named_queue_is_checked_under_its_amq_gen_name(session):
@@ -158,7 +180,7 @@ def test_server_named_queue_is_checked_under_its_amq_gen_name(session):
     assert declared[0].startswith("amq.gen-")
     code, text = session(PUB).run(lambda ch: ch.queue_declare("", exclusive=True))
     assert code == 403
-    assert text.startswith("ACCESS_REFUSED - access to queue 'amq.gen-") and \
+    assert text.startswith(f"ACCESS_REFUSED - {which('configure')}access to queue 'amq.gen-") and \
         text.endswith(f"' in vhost '{VHOST}' refused for user '{PUB}'"), text
 
 
@@ -166,11 +188,18 @@ def test_passive_declares_need_no_permission(session, names):
     s = session()
     q = names("c-q")
     assert s.run(lambda ch: ch.queue_declare(q, auto_delete=True)) == "ok"
-    p = session(PUB)     # PUB may configure nothing
-    assert p.run(lambda ch: ch.queue_declare(q, passive=True)) == "ok"
-    assert p.run(lambda ch: ch.exchange_declare("amq.topic", passive=True)) == "ok"
-    assert p.run(lambda ch: ch.queue_declare(names("n-q"), passive=True)) == \
-        (404, f"NOT_FOUND - no queue '{names('n-q')}' in vhost '{VHOST}'")
+    p = session(PUB)     # PUB may configure nothing, and has no permission at all on q or amq.topic
+    if CURRENT["version"] == "3.10":
+        assert p.run(lambda ch: ch.queue_declare(q, passive=True)) == "ok"
+        assert p.run(lambda ch: ch.exchange_declare("amq.topic", passive=True)) == "ok"
+    else:    # 4.x: a passive declare needs any one permission on the resource
+        assert p.run(lambda ch: ch.queue_declare(q, passive=True)) == refused("queue", q, "configure", PUB)
+        assert p.run(lambda ch: ch.exchange_declare("amq.topic", passive=True)) == \
+            refused("exchange", "amq.topic", "configure", PUB)
+        assert s.run(lambda ch: ch.queue_declare(q, passive=True)) == "ok"    # configure is enough
+    who = p if CURRENT["version"] == "3.10" else s     # the permission is checked before the queue is looked up
+    assert who.run(lambda ch: ch.queue_declare(names("c-n"), passive=True)) == \
+        (404, f"NOT_FOUND - no queue '{names('c-n')}' in vhost '{VHOST}'")
 
 
 def test_empty_queue_name_is_the_last_declared_one(session, names):
@@ -191,19 +220,19 @@ def test_empty_queue_name_is_the_last_declared_one(session, names):
 
 def test_queue_delete_needs_configure(session, names):
     s = session()
-    assert s.run(lambda ch: ch.queue_delete(names("wr-q"))) == refused("queue", names("wr-q"))
+    assert s.run(lambda ch: ch.queue_delete(names("wr-q"))) == refused("queue", names("wr-q"), "configure")
     assert s.run(lambda ch: ch.queue_delete(names("c-q"))) == "ok"        # absent: ok, as RabbitMQ
 
 
 def test_exchange_declare_and_delete_need_configure(session, names):
     s = session()
     assert s.run(lambda ch: ch.exchange_declare(names("c-x"), "direct", auto_delete=True)) == "ok"
-    assert s.run(lambda ch: ch.exchange_declare(names("rw-x"), "direct")) == refused("exchange", names("rw-x"))
-    assert s.run(lambda ch: ch.exchange_delete(names("rw-x"))) == refused("exchange", names("rw-x"))
+    assert s.run(lambda ch: ch.exchange_declare(names("rw-x"), "direct")) == refused("exchange", names("rw-x"), "configure")
+    assert s.run(lambda ch: ch.exchange_delete(names("rw-x"))) == refused("exchange", names("rw-x"), "configure")
     assert s.run(lambda ch: ch.exchange_delete(names("c-x"))) == "ok"
     # Redeclaring a predeclared exchange needs configure on it too.
     assert s.run(lambda ch: ch.exchange_declare("amq.direct", "direct", durable=True)) == \
-        refused("exchange", "amq.direct")
+        refused("exchange", "amq.direct", "configure")
 
 
 def test_publish_needs_write_on_the_exchange(session, names):
@@ -214,9 +243,9 @@ def test_publish_needs_write_on_the_exchange(session, names):
         ch.exchange_declare(names("c-x"), "fanout", auto_delete=True)
     assert s.run(setup) == "ok"
     assert s.run(lambda ch: ch.basic_publish(names("cw-x"), "k", b"m")) == "ok"
-    assert s.run(lambda ch: ch.basic_publish(names("c-x"), "k", b"m")) == refused("exchange", names("c-x"))
+    assert s.run(lambda ch: ch.basic_publish(names("c-x"), "k", b"m")) == refused("exchange", names("c-x"), "write")
     # Refused before the exchange is looked up: no 404 for an exchange one may not write anyway.
-    assert s.run(lambda ch: ch.basic_publish(names("n-x"), "k", b"m")) == refused("exchange", names("n-x"))
+    assert s.run(lambda ch: ch.basic_publish(names("n-x"), "k", b"m")) == refused("exchange", names("n-x"), "write")
     assert s.run(lambda ch: ch.basic_publish(names("w-x"), "k", b"m")) == \
         (404, f"NOT_FOUND - no exchange '{names('w-x')}' in vhost '{VHOST}'")
 
@@ -225,7 +254,7 @@ def test_default_exchange_is_amq_default_in_checks(session, names):
     q = names("c-q")
     assert session().run(lambda ch: ch.queue_declare(q, auto_delete=False)) == "ok"
     try:
-        assert session().run(lambda ch: ch.basic_publish("", q, b"m")) == refused("exchange", "amq.default")
+        assert session().run(lambda ch: ch.basic_publish("", q, b"m")) == refused("exchange", "amq.default", "write")
         assert session(PUB).run(lambda ch: ch.basic_publish("", q, b"m")) == "ok"
     finally:
         session().run(lambda ch: ch.queue_delete(q))
@@ -236,13 +265,13 @@ def test_get_consume_and_purge_need_read(session, names):
     assert s.run(lambda ch: ch.queue_declare(names("c-q"), auto_delete=True)) == "ok"
     assert s.run(lambda ch: ch.queue_declare(names("cr-q"), auto_delete=True)) == "ok"
     no_read = names("c-q")
-    assert s.run(lambda ch: ch.basic_get(no_read)) == refused("queue", no_read)
-    assert s.run(lambda ch: ch.basic_consume(no_read, lambda *a: None)) == refused("queue", no_read)
-    assert s.run(lambda ch: ch.queue_purge(no_read)) == refused("queue", no_read)
+    assert s.run(lambda ch: ch.basic_get(no_read)) == refused("queue", no_read, "read")
+    assert s.run(lambda ch: ch.basic_consume(no_read, lambda *a: None)) == refused("queue", no_read, "read")
+    assert s.run(lambda ch: ch.queue_purge(no_read)) == refused("queue", no_read, "read")
     assert s.run(lambda ch: ch.basic_get(names("cr-q"))) == "ok"
     assert s.run(lambda ch: ch.queue_purge(names("cr-q"))) == "ok"
     # read is checked before the queue is looked up
-    assert s.run(lambda ch: ch.basic_get(names("w-q"))) == refused("queue", names("w-q"))
+    assert s.run(lambda ch: ch.basic_get(names("w-q"))) == refused("queue", names("w-q"), "read")
     assert s.run(lambda ch: ch.basic_get(names("r-q"))) == \
         (404, f"NOT_FOUND - no queue '{names('r-q')}' in vhost '{VHOST}'")
 
@@ -258,11 +287,11 @@ def test_queue_bind_needs_write_on_queue_and_read_on_exchange(session, names):
         for x in (xr, xn):
             ch.exchange_declare(x, "direct", auto_delete=True)
     assert s.run(setup) == "ok"
-    assert s.run(lambda ch: ch.queue_bind(qn, xr, "k")) == refused("queue", qn)
-    assert s.run(lambda ch: ch.queue_bind(qw, xn, "k")) == refused("exchange", xn)
+    assert s.run(lambda ch: ch.queue_bind(qn, xr, "k")) == refused("queue", qn, "write")
+    assert s.run(lambda ch: ch.queue_bind(qw, xn, "k")) == refused("exchange", xn, "read")
     assert s.run(lambda ch: ch.queue_bind(qw, xr, "k")) == "ok"
-    assert s.run(lambda ch: ch.queue_unbind(qn, xr, "k")) == refused("queue", qn)
-    assert s.run(lambda ch: ch.queue_unbind(qw, xn, "k")) == refused("exchange", xn)
+    assert s.run(lambda ch: ch.queue_unbind(qn, xr, "k")) == refused("queue", qn, "write")
+    assert s.run(lambda ch: ch.queue_unbind(qw, xn, "k")) == refused("exchange", xn, "read")
     assert s.run(lambda ch: ch.queue_unbind(qw, xr, "k")) == "ok"
 
 
@@ -274,10 +303,10 @@ def test_exchange_bind_needs_write_on_destination_and_read_on_source(session, na
         for x in (dst_w, dst_n, src_r, src_n):
             ch.exchange_declare(x, "fanout", auto_delete=True)
     assert s.run(setup) == "ok"
-    assert s.run(lambda ch: ch.exchange_bind(dst_n, src_r)) == refused("exchange", dst_n)
-    assert s.run(lambda ch: ch.exchange_bind(dst_w, src_n)) == refused("exchange", src_n)
+    assert s.run(lambda ch: ch.exchange_bind(dst_n, src_r)) == refused("exchange", dst_n, "write")
+    assert s.run(lambda ch: ch.exchange_bind(dst_w, src_n)) == refused("exchange", src_n, "read")
     assert s.run(lambda ch: ch.exchange_bind(dst_w, src_r)) == "ok"
-    assert s.run(lambda ch: ch.exchange_unbind(dst_n, src_r)) == refused("exchange", dst_n)
+    assert s.run(lambda ch: ch.exchange_unbind(dst_n, src_r)) == refused("exchange", dst_n, "write")
     assert s.run(lambda ch: ch.exchange_unbind(dst_w, src_r)) == "ok"
 
 
@@ -286,18 +315,18 @@ def test_dead_letter_and_alternate_exchanges_need_write(session, names):
     q, dlx_ok, dlx_no = names("crw-q"), names("cw-dlx"), names("c-dlx")
     assert s.run(lambda ch: ch.queue_declare(q, auto_delete=True,
                                              arguments={"x-dead-letter-exchange": dlx_no})) == \
-        refused("exchange", dlx_no)
+        refused("exchange", dlx_no, "write")
     assert s.run(lambda ch: ch.queue_declare(q, auto_delete=True,
                                              arguments={"x-dead-letter-exchange": dlx_ok})) == "ok"
     # A new queue with a DLX needs read on the queue too
     q_noread = names("cw-q")
     assert s.run(lambda ch: ch.queue_declare(q_noread, auto_delete=True,
                                              arguments={"x-dead-letter-exchange": dlx_ok})) == \
-        refused("queue", q_noread)
+        refused("queue", q_noread, "read")
     x = names("cr-x")
     assert s.run(lambda ch: ch.exchange_declare(x, "fanout", auto_delete=True,
                                                 arguments={"alternate-exchange": dlx_no})) == \
-        refused("exchange", dlx_no)
+        refused("exchange", dlx_no, "write")
     assert s.run(lambda ch: ch.exchange_declare(x, "fanout", auto_delete=True,
                                                 arguments={"alternate-exchange": dlx_ok})) == "ok"
 
@@ -311,11 +340,11 @@ def test_topic_permissions(session, names):
         assert s.run(lambda ch: ch.basic_publish(TOPIC_X, "allowed.x", b"m")) == "ok"
         assert s.run(lambda ch: ch.basic_publish(TOPIC_X, f"{VHOST}.x", b"m")) == "ok"
         assert s.run(lambda ch: ch.basic_publish(TOPIC_X, "other.x", b"m")) == \
-            (403, f"ACCESS_REFUSED - access to topic 'other.x' in exchange '{TOPIC_X}' in vhost '{VHOST}' "
+            (403, f"ACCESS_REFUSED - {which('write')}access to topic 'other.x' in exchange '{TOPIC_X}' in vhost '{VHOST}' "
                   f"refused for user '{USER}'")
         assert s.run(lambda ch: ch.queue_bind(q, TOPIC_X, f"{USER}.#")) == "ok"
         assert s.run(lambda ch: ch.queue_bind(q, TOPIC_X, "allowed.#")) == \
-            (403, f"ACCESS_REFUSED - access to topic 'allowed.#' in exchange '{TOPIC_X}' in vhost "
+            (403, f"ACCESS_REFUSED - {which('read')}access to topic 'allowed.#' in exchange '{TOPIC_X}' in vhost "
                   f"'{VHOST}' refused for user '{USER}'")
         # Other topic exchanges have no topic permission for this user: any key goes.
         other = names("crw-t")
@@ -323,7 +352,7 @@ def test_topic_permissions(session, names):
         # exchange.bind from a topic exchange: the topic read permission on the routing key, too
         assert s.run(lambda ch: ch.exchange_bind(other, TOPIC_X, f"{USER}.x")) == "ok"
         assert s.run(lambda ch: ch.exchange_bind(other, TOPIC_X, "x.y")) == \
-            (403, f"ACCESS_REFUSED - access to topic 'x.y' in exchange '{TOPIC_X}' in vhost '{VHOST}' "
+            (403, f"ACCESS_REFUSED - {which('read')}access to topic 'x.y' in exchange '{TOPIC_X}' in vhost '{VHOST}' "
                   f"refused for user '{USER}'")
         assert s.run(lambda ch: ch.queue_bind(q, other, "any.#")) == "ok"
         assert s.run(lambda ch: ch.basic_publish(other, "any.x", b"m")) == "ok"
@@ -344,7 +373,7 @@ def test_refusal_orders(session, names):
     """Which check comes first when several would refuse, as rabbit_channel orders them."""
     s = session()
     # exchange.declare: configure before the reserved amq. prefix; queue.declare: the prefix first.
-    assert s.run(lambda ch: ch.exchange_declare("amq.nope", "direct")) == refused("exchange", "amq.nope")
+    assert s.run(lambda ch: ch.exchange_declare("amq.nope", "direct")) == refused("exchange", "amq.nope", "configure")
     assert s.run(lambda ch: ch.exchange_declare("amq.c-nope", "direct")) == \
         (403, f"ACCESS_REFUSED - exchange name 'amq.c-nope' contains reserved prefix 'amq.*'")
     assert s.run(lambda ch: ch.queue_declare("amq.nope")) == \
@@ -353,18 +382,18 @@ def test_refusal_orders(session, names):
     assert s.run(lambda ch: ch.exchange_delete("amq.direct")) == \
         (403, f"ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '{VHOST}' not allowed")
     # the default exchange cannot be bound, but write on the queue is checked first
-    assert s.run(lambda ch: ch.queue_bind(names("c-q"), "", "k")) == refused("queue", names("c-q"))
+    assert s.run(lambda ch: ch.queue_bind(names("c-q"), "", "k")) == refused("queue", names("c-q"), "write")
     # an exclusive queue of another connection: configure (403) before the lock (405)
     other = session()
     q = names("c-q")
     assert other.run(lambda ch: ch.queue_declare(q, exclusive=True)) == "ok"
-    assert session(PUB).run(lambda ch: ch.queue_declare(q, exclusive=True)) == refused("queue", q, PUB)
+    assert session(PUB).run(lambda ch: ch.queue_declare(q, exclusive=True)) == refused("queue", q, "configure", PUB)
     assert s.run(lambda ch: ch.queue_declare(q, exclusive=True))[0] == 405
     # internal exchange: write first, then "cannot publish to internal exchange"
     assert s.run(lambda ch: ch.exchange_declare(names("cw-int"), "fanout", auto_delete=True,
                                                 internal=True)) == "ok"
     assert session(PUB).run(lambda ch: ch.basic_publish(names("cw-int"), "k", b"m")) == \
-        refused("exchange", names("cw-int"), PUB)
+        refused("exchange", names("cw-int"), "write", PUB)
     assert s.run(lambda ch: ch.basic_publish(names("cw-int"), "k", b"m")) == \
         (403, f"ACCESS_REFUSED - cannot publish to internal exchange '{names('cw-int')}' in vhost '{VHOST}'")
 

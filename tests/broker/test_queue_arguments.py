@@ -150,6 +150,8 @@ class QueueWatch:
             self.ch.basic_publish("", queue, b"probe", mandatory=True)
         except pika.exceptions.UnroutableError:
             return False
+        except pika.exceptions.NackError:
+            return False    # routed to the queue as it was going away (RabbitMQ 4.3 nacks that publish)
         return True
 
     def wait_gone(self, queue: str, timeout: float = 3.0, what: str = "the queue to be deleted by x-expires") -> None:

@@ -287,13 +287,17 @@ def test_handshake_amqplain(driver):
     assert [f.name for f in out] == ["Connection.Tune"]
 
 
+@pytest.mark.parametrize("version", ["3.10", "4.3"])
 @pytest.mark.parametrize("header", [b"HTTP/1.1", b"AMQP\x00\x01\x00\x00", b"AMQP\x00\x00\x09\x02"],
                          ids=["http", "amqp-1.0", "amqp-0-9-2"])
-def test_wrong_protocol_header_gets_ours_back_and_closes(driver, header):
-    c = driver.connect()
+def test_wrong_protocol_header_gets_ours_back_and_closes(header, version):
+    """As RabbitMQ answers, then it closes the socket: 0-9-1's header (4.x: only to an AMQP 0-9-x header;
+    AMQP 1.0's with the SASL layer to any other)."""
+    c = Driver(BrokerConfig(rabbitmq_version=version)).connect()
     out = c.send(header + b"GET / trailing bytes")
     assert out == []
-    assert c.received == b"AMQP\x00\x00\x09\x01"        # as RabbitMQ answers, then it closes the socket
+    amqp09 = header.startswith(b"AMQP\x00\x00\x09")
+    assert c.received == (b"AMQP\x00\x00\x09\x01" if version == "3.10" or amqp09 else b"AMQP\x03\x01\x00\x00")
     assert c.conn.closed and c.transport_closed
 
 
@@ -439,17 +443,17 @@ def test_unacked_delivery_is_requeued_when_the_channel_closes(client):
 
 def test_body_larger_than_frame_max_is_split(driver):
     c = driver.connect()
-    c.handshake(frame_max=4096)
+    c.handshake(frame_max=8192)       # the smallest a client may negotiate with 4.x (3.10: 4096)
     c.open_channel(1)
     c.declare(1, "big")
-    body = bytes(i % 251 for i in range(10_000))
+    body = bytes(i % 251 for i in range(20_000))
     head = pamqp_frame.marshal(pamqp_header.ContentHeader(0, len(body), C.Basic.Properties()), 1)
-    chunks = [body[i:i + 4088] for i in range(0, len(body), 4088)]
+    chunks = [body[i:i + 8184] for i in range(0, len(body), 8184)]
     c.send(c.method(1, C.Basic.Publish(routing_key="big")), head,
            *(pamqp_frame.marshal(ContentBody(ch), 1) for ch in chunks))
     out = c.send(c.method(1, C.Basic.Get(queue="big", no_ack=True)))
     assert [f.name for f in out] == ["Basic.GetOk", "header", "body", "body", "body"]
-    assert [len(f.payload) for f in out[2:]] == [4088, 4088, 10_000 - 2 * 4088]
+    assert [len(f.payload) for f in out[2:]] == [8184, 8184, 20_000 - 2 * 8184]
     assert b"".join(f.payload for f in out[2:]) == body
 
 
@@ -567,9 +571,9 @@ def test_bad_frame_end_text_is_rabbitmqs(client):
 
 def test_oversized_frame_is_501(driver):
     c = driver.connect()
-    c.handshake(frame_max=4096)
+    c.handshake(frame_max=8192)
     c.open_channel(1)
-    body = pamqp_frame.marshal(ContentBody(b"x" * 5000), 1)
+    body = pamqp_frame.marshal(ContentBody(b"x" * 10_000), 1)
     close = _connection_close(c.send(c.method(1, C.Basic.Publish(routing_key="q")), body))
     assert close.reply_code == 501 and close.reply_text.startswith("FRAME_ERROR - ")
 

@@ -5,6 +5,15 @@ from __future__ import annotations
 import pytest
 
 from spark_amqp.client import Connection
+from spark_amqp_broker import Broker
+
+
+@pytest.fixture
+def amqp_broker():
+    """The embedded broker behaving as RabbitMQ 3.10, the version of the reference node the root `broker_url`
+    compares it with (the broker's own tests cover both versions: tests/broker/conftest.py)."""
+    with Broker(port=0, rabbitmq_version="3.10") as broker:
+        yield broker
 
 
 @pytest.fixture
