@@ -375,3 +375,41 @@ def test_queues_from_a_definitions_file_keep_persistent_messages(tmp_path):
         conn = pika_connect(b.url)
         assert _get_all(conn.channel(), "from-defs") == [(b"kept", False)]
         conn.close()
+
+
+@pytest.mark.parametrize("version", ["3.10", "4.3"])
+@pytest.mark.parametrize("how", ["kill", "term"], ids=["kill-9", "sigterm"])
+def test_quorum_queue_keeps_every_message_and_its_counts(tmp_path, brokers, version, how):
+    """A quorum queue keeps every confirmed message, transient ones too (RabbitMQ's quorum queues persist
+    all), with the counts of the returns so far: a rejected message comes back at the head with them, one
+    delivered and unacked at the stop comes back as from a consumer gone (counted, at the head)."""
+    b = brokers(tmp_path / "data", "--rabbitmq-version", version)
+    conn = pika_connect(b.url)
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 5})
+    for i in range(5):
+        ch.basic_publish("", "qq", b"m%d" % i, TRANSIENT if i % 2 else PERSISTENT)
+    held = conn.channel()
+    method, _props, body = held.basic_get("qq")
+    assert body == b"m0"
+    held.basic_reject(method.delivery_tag, requeue=True)      # m0: counted once, at the head
+    held.basic_ack(held.basic_get("qq")[0].delivery_tag)       # m0 again: acked, gone
+    held.basic_get("qq")                                        # m1: delivered, unacked at the stop
+    held.queue_declare("qq", passive=True)                      # a round trip: all of it processed
+    b.stop(how)
+
+    b2 = brokers(tmp_path / "data", "--rabbitmq-version", version)
+    assert "WARNING" not in b2.log(), b2.log()
+    ch2 = pika_connect(b2.url).channel()
+    ok = ch2.queue_declare("qq", durable=True, arguments={"x-queue-type": "quorum", "x-delivery-limit": 5})
+    assert ok.method.message_count == 4
+    got = []
+    while True:
+        method, props, body = ch2.basic_get("qq", auto_ack=True)
+        if method is None:
+            break
+        got.append((body, method.redelivered, props.headers))
+    first = {"x-acquired-count": 1, "x-delivery-count": 1} if version == "4.3" else {"x-delivery-count": 1}
+    fresh = None if version == "4.3" else {"x-delivery-count": 0}
+    assert got == [(b"m1", True, first), (b"m2", False, fresh), (b"m3", False, fresh), (b"m4", False, fresh)]
