@@ -522,13 +522,11 @@ class Channel:
         stored header has it sorted."""
         items = fields.table_items(headers_raw)
         if self.conn.core.behaviour.sorted_headers:
-            kept = list({k: v for k, v in reversed(items)}.items())[::-1]   # the first of each key
-            ordered = sorted(kept, key=lambda kv: kv[0].encode())
-            if ordered != items:
-                items = ordered
-                raw = properties.split(m.header[12:])
-                raw["headers"] = fields.table_from_items(items)
-                m.header = m.header[:12] + properties.join(raw)
+            raw = m.header[12:]
+            sorted_raw = properties.with_sorted_headers(raw)
+            if sorted_raw is not raw:
+                m.header = m.header[:12] + sorted_raw
+                items = fields.sorted_items(items)
         keys: list[str] = []
         has_bcc = False
         for key, value in items:

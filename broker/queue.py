@@ -132,6 +132,7 @@ class Queue:
     is_stream = False
     tracks_settlement = False   # told of acks too (Channel._apply_settle); a classic queue is not
     persists_all = False        # with a data_dir, only persistent messages (delivery mode 2) are journaled
+    declare_is_use = True       # a (passive) redeclare restarts the x-expires timer
     queue_type = arguments_module.CLASSIC
     server_named = True     # a declare with an empty name gets an amq.gen-... name
 

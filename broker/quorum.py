@@ -136,15 +136,14 @@ def _stored(m):
     return m.message if isinstance(m, Shown) else m
 
 
-def _with_counts(header: bytes, counts: list, sort: bool) -> bytes:
+def _with_counts(header: bytes, counts: list) -> bytes:
     """`header` with long (`l`) entries `counts` [(name, n)] in its headers table, replacing ones of the same
-    name; sorted by key where the version sorts header tables (4.x)."""
+    name, the table sorted by key (as both versions deliver a quorum queue's counted messages)."""
     raw = properties.split(header[12:])
     items = fields.table_items(raw["headers"]) if "headers" in raw else []
     names = {name for name, _n in counts}
-    items = [(k, v) for k, v in items if k not in names] + [(k, fields.enc_long(n)) for k, n in counts]
-    if sort:
-        items.sort(key=lambda kv: kv[0].encode())
+    items = fields.sorted_items([(k, v) for k, v in items if k not in names]
+                                + [(k, fields.enc_long(n)) for k, n in counts])
     raw["headers"] = fields.table_from_items(items)
     return header[:12] + properties.join(raw)
 
@@ -157,6 +156,7 @@ class QuorumQueue:
     server_named = False
     tracks_settlement = True          # acks matter: cancelled consumers, basic.get holds, single active
     persists_all = True               # every message goes to the data_dir journal, whatever its delivery mode
+    declare_is_use = False            # x-expires counts consumers and gets only (rabbit_fifo's last_active)
     exclusive_owner = None
     auto_delete = False
     has_ttl = False
@@ -458,11 +458,10 @@ class QuorumQueue:
             counts = [("x-acquired-count", m.acquired_count)]
             if m.delivery_count:
                 counts.append(("x-delivery-count", m.delivery_count))
-            return Shown(m, _with_counts(m.header, counts, b.sorted_headers), True)
+            return Shown(m, _with_counts(m.header, counts), True)
         if not m.delivery_count and not (get and b.quorum_get_always_counts):
             return m
-        return Shown(m, _with_counts(m.header, [("x-delivery-count", m.delivery_count)], b.sorted_headers),
-                     m.delivery_count > 0)
+        return Shown(m, _with_counts(m.header, [("x-delivery-count", m.delivery_count)]), m.delivery_count > 0)
 
     # --- basic.get -------------------------------------------------------------------------------
 

@@ -84,11 +84,12 @@ def check_declare(name: str, durable: bool, exclusive: bool, auto_delete: bool, 
                                         f"invalid property '{prop}' for {rs(name, vhost)}")
 
 
-def with_offset_header(header: bytes, offset: int) -> bytes:
+def with_offset_header(header: bytes, offset: int, sort: bool = False) -> bytes:
     """The content header `header` (class, weight, body size, flags, properties) with the table entry
     `x-stream-offset` = offset (type long) added to its headers, replacing one the publisher set (RabbitMQ's
     rabbit_basic:add_header). Only the bytes up to the headers table are walked; nothing is decoded unless
-    the publisher's own headers already carry the name."""
+    the publisher's own headers already carry the name, or `sort` asks for the table sorted by key (as
+    RabbitMQ, 3.10 and 4.3 alike, delivers a stream message's headers: it keeps the message as AMQP 1.0)."""
     flags = _u16.unpack_from(header, 12)[0]
     pos = 14
     for flag in _SHORTSTR_FLAGS:
@@ -101,6 +102,10 @@ def with_offset_header(header: bytes, offset: int) -> bytes:
     size = _u32.unpack_from(header, pos)[0]
     end = pos + 4 + size
     table = header[pos + 4:end]
+    if sort and table:
+        items = [(k, v) for k, v in fields.table_items(header[pos:end]) if k != "x-stream-offset"]
+        items = fields.sorted_items(items + [("x-stream-offset", entry[len(_OFFSET_KEY):])])
+        return header[:pos] + fields.table_from_items(items) + header[end:]
     if b"x-stream-offset" in table:
         items = [(k, v) for k, v in fields.table_items(header[pos:end]) if k != "x-stream-offset"]
         table = fields.table_from_items(items)[4:]
@@ -168,6 +173,7 @@ class StreamQueue:
     add/remove_consumer, message_count, take and purge refusing as RabbitMQ does), over an in-memory log."""
 
     is_stream = True
+    declare_is_use = True
     queue_type = STREAM
     server_named = False
     journal = None   # store.StreamLog when the broker has a data_dir: chunks, rolls and retention go there
@@ -309,7 +315,7 @@ class StreamQueue:
         records = []
         size = CHUNK_HEADER_SIZE
         for m in msgs:
-            records.append(Record(offset, m.exchange, m.routing_key, with_offset_header(m.header, offset),
+            records.append(Record(offset, m.exchange, m.routing_key, with_offset_header(m.header, offset, True),
                                   m.body))
             size += RECORD_HEADER_SIZE + len(m.header) + len(m.body)
             offset += 1

@@ -176,7 +176,8 @@ class VirtualHost:
         now = self.core.now()
         if passive:
             q = self.get_queue(name, conn)
-            q.last_used = now
+            if q.declare_is_use:
+                q.last_used = now
             return q
         behaviour = self.core.behaviour
         args = arguments.with_queue_type(table, behaviour)
@@ -211,7 +212,8 @@ class VirtualHost:
                         f"inequivalent arg '{field}' for {_rs_queue(name, self.name)}: "
                         f"received '{_fmt(want)}' but current is '{_fmt(have)}'")
             arguments.assert_equivalent(q.arguments, args, q.queue_type, name, self.name, behaviour)
-            q.last_used = now
+            if q.declare_is_use:
+                q.last_used = now
             return q
         arguments.check_dead_letter_exchange(args, name, self.name)
         qtype = arguments.check_declare(args, name, self.name, behaviour)

@@ -87,6 +87,15 @@ def table_from_items(items) -> bytes:
     return _u32.pack(len(body)) + body
 
 
+def sorted_items(items) -> list[tuple[str, bytes]]:
+    """(name, raw value) pairs as RabbitMQ 4.x keeps a headers table (mc_amqpl's usort): each name once,
+    with its first value, sorted by the name's bytes."""
+    first: dict[str, bytes] = {}
+    for key, value in items:
+        first.setdefault(key, value)
+    return sorted(first.items(), key=lambda kv: kv[0].encode())
+
+
 # Deepest nesting of tables and arrays (the outermost counts as 1) decoded into Python values. RabbitMQ
 # has no such limit (it answered declare-ok to 18,000 levels), but pamqp decodes recursively and copies
 # the rest of the buffer at every level: a 128 KiB frame of nested tables took ~124 MB and ended in a

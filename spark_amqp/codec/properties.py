@@ -103,6 +103,20 @@ def join(values: dict[str, bytes]) -> bytes:
     return _u16.pack(flags) + b"".join(parts)
 
 
+def with_sorted_headers(raw: bytes) -> bytes:
+    """Property bytes `raw` with the headers table as RabbitMQ 4.x delivers it (fields.sorted_items);
+    `raw` itself when it has no headers or they are in that order already."""
+    at = headers_at(raw)
+    if at is None:
+        return raw
+    end = at + 4 + _u32.unpack_from(raw, at)[0]
+    items = fields.table_items(raw[at:end])
+    ordered = fields.sorted_items(items)
+    if ordered == items:
+        return raw
+    return raw[:at] + fields.table_from_items(ordered) + raw[end:]
+
+
 # --- one value of each kind -----------------------------------------------------------------------
 
 def decode_shortstr(raw: bytes) -> str:

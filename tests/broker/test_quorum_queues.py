@@ -743,3 +743,14 @@ def test_delete_counts_ready_and_cancels_consumers(env):
     assert channel(env).queue_delete(q).method.message_count == 0
     pump(conn, lambda: cancels)
     assert cancels == [tag] and consumer.is_open
+
+
+def test_counted_deliveries_have_their_headers_table_sorted(env, rabbitmq_version):
+    """Both versions deliver a counted message's headers sorted by key (pika keeps the wire order)."""
+    q = declare(env)
+    publish(env, q, [b"m"], headers={"z": 1, "a": 2, "x-b": 5})
+    ch = channel(env)
+    ch.basic_reject(ch.basic_get(q)[0].delivery_tag, requeue=True)
+    _m, props, _b = ch.basic_get(q, auto_ack=True)
+    assert list(props.headers) == (["a", "x-acquired-count", "x-b", "x-delivery-count", "z"]
+                                   if rabbitmq_version == "4.3" else ["a", "x-b", "x-delivery-count", "z"])

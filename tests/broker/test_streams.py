@@ -649,3 +649,13 @@ def test_one_read_is_one_chunk_and_goes_out_whole_on_the_embedded_broker(amqp_br
         assert [(o, b) for o, b, *_ in got] == [(2, b"b1"), (3, b"b2")]
     finally:
         s.close()
+
+
+def test_delivered_headers_table_is_sorted(streams):
+    """Both versions deliver a stream message's headers sorted by key, x-stream-offset among them (RabbitMQ
+    keeps the message as AMQP 1.0); pika keeps the wire order."""
+    name = streams.declare()
+    streams.admin().basic_publish("", name, b"h", pika.BasicProperties(headers={"z": 1, "a": 2}))
+    ch, got = streams.consume(name, "first")
+    pump(ch, lambda: got)
+    assert list(got[0][3].headers) == ["a", "x-stream-offset", "z"]

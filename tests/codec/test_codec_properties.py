@@ -396,3 +396,20 @@ def test_headers_at_finds_the_headers_table_after_the_strings_before_it(columns)
         assert at is None
         return
     assert raw[at:at + 4 + int.from_bytes(raw[at:at + 4], "big")] == properties.split(raw)["headers"]
+
+
+def test_with_sorted_headers_is_the_table_as_rabbitmq_4_delivers_it():
+    """Sorted by the names' bytes, each name once with its first value; untouched without headers or when
+    already in order (the same object back: the broker's fast path)."""
+    from spark_amqp import properties as columns
+
+    raw = columns.from_columns({"content_type": "t", "headers": {"z": "1", "a": "2", "B": "3"},
+                                   "header_types": None, "priority": 4})
+    out = properties.with_sorted_headers(raw)
+    assert list(columns.to_columns(out)["headers"]) == ["B", "a", "z"]
+    assert columns.to_columns(out)["content_type"] == "t" and columns.to_columns(out)["priority"] == 4
+    assert properties.with_sorted_headers(out) is out
+    plain = columns.from_columns({"priority": 1})
+    assert properties.with_sorted_headers(plain) is plain
+    assert fields.sorted_items([("b", b"t\x01"), ("a", b"t\x00"), ("b", b"t\x00")]) == [("a", b"t\x00"),
+                                                                                         ("b", b"t\x01")]
