@@ -222,10 +222,11 @@ def invalid_arg(key: str, name: str, vhost: str, reason: str) -> replies.AMQPErr
     return replies.channel_error(replies.PRECONDITION_FAILED, f"invalid arg '{key}' for {rs(name, vhost)}: {reason}")
 
 
-def queue_type(args: dict, behaviour) -> str:
-    """The type a declare with `args` asks for: x-queue-type, the default (classic) when absent or empty."""
+def queue_type(args: dict, behaviour, default: str | None = None) -> str:
+    """The type a declare with `args` asks for: x-queue-type, the vhost's default (classic unless set) when
+    absent or empty."""
     value = text(args.get("x-queue-type"))
-    return value if value else CLASSIC
+    return value if value else default or CLASSIC
 
 
 def with_queue_type(args: dict, behaviour) -> dict:
@@ -258,7 +259,7 @@ def check_dead_letter_exchange(args: dict, name: str, vhost: str) -> None:
             f"invalid type '{type_name(v)}' for arg 'x-dead-letter-exchange' in {rs(name, vhost)}")
 
 
-def check_declare(args: dict, name: str, vhost: str, behaviour) -> str:
+def check_declare(args: dict, name: str, vhost: str, behaviour, default: str | None = None) -> str:
     """rabbit_amqqueue:check_declare_arguments for a new queue; returns its type. Raises 406 with RabbitMQ's
     text for the first bad value (in the validators' order), then for the first argument (in the client's
     order) that belongs to another queue type."""
@@ -270,8 +271,8 @@ def check_declare(args: dict, name: str, vhost: str, behaviour) -> str:
     elif "x-queue-type" in args and not behaviour.declare_names_queue_type:
         raise invalid_arg("x-queue-type", name, vhost, erl_string("unsupported queue type ''"))
     if not qtype:
-        qtype = CLASSIC
-        args = {**args, "x-queue-type": CLASSIC}   # what 4.x validates an empty type as
+        qtype = default or CLASSIC
+        args = {**args, "x-queue-type": qtype}   # what 4.x validates an empty type as (the vhost's default)
     takes = behaviour.queue_arguments[qtype]
     for key in behaviour.declare_validators:
         if key in takes and key in args:

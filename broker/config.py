@@ -19,7 +19,9 @@ class BrokerConfig:
     # `password` or `password_hash` (as `rabbitmqctl hash_password` prints it; `hashing_algorithm` defaults
     # to rabbit_password_hashing_sha256) and `tags` (e.g. ["impersonator"]).
     users: dict[str, str | dict] = field(default_factory=lambda: {"guest": "guest"})
-    vhosts: tuple[str, ...] = ("/",)
+    # Virtual hosts: names, or tables {name, default_queue_type} (4.x's vhost default queue type: "quorum",
+    # "stream" or "classic"; ignored with a WARNING under rabbitmq_version 3.10).
+    vhosts: tuple = ("/",)
     # user -> vhost -> [configure, write, read] regular expressions (or a table with those keys), as
     # `rabbitmqctl set_permissions`. None (and no topic_permissions, no definitions): every user may do
     # everything on every vhost.
@@ -30,6 +32,10 @@ class BrokerConfig:
     loopback_users: tuple[str, ...] = ("guest",)
     # RabbitMQ's definitions file (export_definitions JSON), a path or an already-parsed dict.
     definitions: str | dict | None = None
+    # Policies and operator policies, as `rabbitmqctl set_policy` / `set_operator_policy` sets them: a list of
+    # tables {name, pattern, definition, vhost = "/", apply_to = "all", priority = 0} (policies.py).
+    policies: list | None = None
+    operator_policies: list | None = None
     heartbeat: int = limits.DEFAULT_HEARTBEAT        # seconds offered in connection.tune
     frame_max: int = limits.DEFAULT_FRAME_MAX
     channel_max: int = limits.DEFAULT_CHANNEL_MAX
@@ -88,9 +94,7 @@ class BrokerConfig:
         if not isinstance(self.users, dict):
             raise ValueError(f"users must be a table of name = password (or name = {{...}}), "
                              f"got {type(self.users).__name__}")
-        if isinstance(self.vhosts, str) or not all(isinstance(v, str) and v for v in self.vhosts):
-            raise ValueError(f"vhosts must be a list of non-empty names, got {self.vhosts!r}")
-        self.vhosts = tuple(self.vhosts)
+        self.vhosts, dqts = _vhosts(self.vhosts)
         if isinstance(self.loopback_users, str) or not all(isinstance(u, str) for u in self.loopback_users):
             raise ValueError(f"loopback_users must be a list of user names, got {self.loopback_users!r}")
         self.loopback_users = tuple(self.loopback_users)
@@ -102,8 +106,10 @@ class BrokerConfig:
         if defs is not None:
             users.update(defs.users)
             vhosts += [v for v in defs.vhosts if v not in vhosts]
+            dqts = {**defs.default_queue_types, **dqts}
             perms.update(defs.permissions)
             topics.update(defs.topic_permissions)
+        self.vhost_default_queue_types = dqts
         if not users:
             raise ValueError("at least one user is required")
         self.all_vhosts = tuple(vhosts)
@@ -121,9 +127,48 @@ class BrokerConfig:
                 raise ValueError(f"{kind}: no such user {key[0]!r} (users: {sorted(users)})")
             if key[1] not in vhosts:
                 raise ValueError(f"{kind}.{key[0]}: no such vhost {key[1]!r} (vhosts: {vhosts})")
+        self._check_policies(defs)
         open_vhosts = self.permissions is None and self.topic_permissions is None and defs is None
         self.access = access.AccessControl(users, perms, topics, self.loopback_users, open_vhosts,
                                            self.behaviour.access_texts_name_permission)
+
+    def _check_policies(self, defs) -> None:
+        """`policy_list`: the definitions file's policies (one RabbitMQ refuses is a skipped item, logged), then
+        those configured here (one RabbitMQ refuses is an error naming it), each checked as RabbitMQ checks
+        it."""
+        from . import policies
+        self.policy_list = []
+        if defs is not None:
+            for kind, entries in ((policies.POLICY, defs.policies), (policies.OPERATOR_POLICY, defs.operator_policies)):
+                for item in entries:
+                    try:
+                        self.policy_list.append(policies.validate(
+                            kind, item.get("vhost", "/"), item.get("name"), item.get("pattern"),
+                            item.get("definition"), item.get("priority", 0), item.get("apply-to", "all"),
+                            behaviour=self.behaviour))
+                    except policies.PolicyError as exc:
+                        defs.skipped.append(f"{kind.replace('_', ' ')} '{item.get('name')}' in vhost "
+                                            f"'{item.get('vhost')}': {exc}")
+        for key, kind in (("policies", policies.POLICY), ("operator_policies", policies.OPERATOR_POLICY)):
+            entries = getattr(self, key) or []
+            if not isinstance(entries, (list, tuple)):
+                raise ValueError(f"{key} must be a list of tables, got {entries!r}")
+            for i, item in enumerate(entries):
+                at = f"{key}[{i}]"
+                if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                    raise ValueError(f"{at} must be a table with a name, pattern and definition, got {item!r}")
+                extra = set(item) - {"name", "vhost", "pattern", "apply_to", "priority", "definition"}
+                if extra:
+                    raise ValueError(f"{at} ('{item['name']}'): unknown keys {sorted(extra)}")
+                vhost = item.get("vhost", "/")
+                if vhost not in self.all_vhosts:
+                    raise ValueError(f"{at} ('{item['name']}'): no such vhost {vhost!r} (vhosts: {list(self.all_vhosts)})")
+                try:
+                    self.policy_list.append(policies.validate(
+                        kind, vhost, item["name"], item.get("pattern"), item.get("definition"),
+                        item.get("priority", 0), item.get("apply_to", "all"), behaviour=self.behaviour))
+                except policies.PolicyError as exc:
+                    raise ValueError(f"{at} ('{item['name']}'): {exc}") from None
 
     @staticmethod
     def _table(value, where: str) -> dict:
@@ -200,15 +245,43 @@ class BrokerConfig:
             raise ValueError(f"{path}: unknown [broker] keys {sorted(unknown)}; allowed: {sorted(known)}")
         if "users" in doc:
             values["users"] = {str(k): v if isinstance(v, dict) else str(v) for k, v in doc["users"].items()}
-        for table in ("permissions", "topic_permissions"):
+        for table in ("permissions", "topic_permissions", "policies", "operator_policies"):
             if table in doc:
                 values[table] = doc[table]
-        unknown_tables = set(doc) - {"broker", "users", "permissions", "topic_permissions"}
+        unknown_tables = set(doc) - {"broker", "users", "permissions", "topic_permissions", "policies",
+                                     "operator_policies"}
         if unknown_tables:
             raise ValueError(f"{path}: unknown tables {sorted(unknown_tables)}; allowed: [broker], [users], "
-                             "[permissions], [topic_permissions]")
+                             "[permissions], [topic_permissions], [[policies]], [[operator_policies]]")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+QUEUE_TYPES = ("classic", "quorum", "stream")
+
+
+def _vhosts(value) -> tuple[tuple, dict]:
+    """`vhosts` as names, and the default queue type each table names."""
+    shown = f"vhosts must be a list of names or tables {{name, default_queue_type}}, got {value!r}"
+    if isinstance(value, (str, dict)):
+        raise ValueError(shown)
+    names, dqts = [], {}
+    for item in value:
+        if isinstance(item, dict):
+            extra = set(item) - {"name", "default_queue_type"}
+            if extra or not isinstance(item.get("name"), str) or not item["name"]:
+                raise ValueError(shown)
+            qtype = item.get("default_queue_type")
+            if qtype is not None:
+                if qtype not in QUEUE_TYPES:
+                    raise ValueError(f"vhosts: default_queue_type of '{item['name']}' must be one of "
+                                     f"{', '.join(QUEUE_TYPES)}, got {qtype!r}")
+                dqts[item["name"]] = qtype
+            item = item["name"]
+        if not isinstance(item, str) or not item:
+            raise ValueError(shown)
+        names.append(item)
+    return tuple(names), dqts
 
 
 def total_memory() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from . import definitions, limits
+from . import definitions, limits, policies
 from .config import BrokerConfig
 from .vhost import VirtualHost
 
@@ -29,6 +29,19 @@ class BrokerCore:
         self.wall_clock = wall_clock
         self.access = config.access                     # users, permissions (access.AccessControl)
         self.vhosts = {name: VirtualHost(self, name) for name in config.all_vhosts}
+        for name, qtype in config.vhost_default_queue_types.items():
+            if self.behaviour.vhost_default_queue_type:
+                self.vhosts[name].default_queue_type = qtype
+            elif qtype != "classic":
+                log.warning("vhost '%s': default_queue_type '%s' ignored: RabbitMQ %s has no default queue type",
+                            name, qtype, self.behaviour.version)
+        self.policies = policies.Policies(self.behaviour)   # policies and operator policies of every vhost
+        for policy in config.policy_list:
+            if policy.vhost in self.vhosts:
+                self.policies.set(policy)
+            else:
+                log.warning("%s '%s' not loaded: vhost '%s' is not configured", policy.kind.replace("_", " "),
+                            policy.name, policy.vhost)
         self.definitions_skipped: list[str] = []        # what a definitions file held that we do not support
         self.connections: set = set()
         self.dirty: set = set()          # connections with output to write
@@ -44,6 +57,29 @@ class BrokerCore:
     def now(self) -> float:
         """Milliseconds on the monotonic clock."""
         return self.clock() * 1000.0
+
+    # --- policies ------------------------------------------------------------------------------
+
+    def set_policy(self, policy, journal: bool = True) -> None:
+        """Add or replace a (validated) policy or operator policy; the vhost's queues and exchanges take
+        their new effective settings at once, as RabbitMQ's do."""
+        vhost = self.vhosts.get(policy.vhost)
+        if vhost is None:
+            raise ValueError(f"no such vhost '{policy.vhost}' (vhosts: {sorted(self.vhosts)})")
+        self.policies.set(policy)
+        if journal and self.store is not None:
+            self.store.policy_set(policy)
+        vhost.refresh_policies()
+
+    def clear_policy(self, kind: str, vhost_name: str, name: str) -> bool:
+        """Remove a policy (kind policies.POLICY or OPERATOR_POLICY); False when there was none."""
+        removed = self.policies.clear(kind, vhost_name, name)
+        if removed is None:
+            return False
+        if self.store is not None:
+            self.store.policy_cleared(kind, vhost_name, name)
+        self.vhosts[vhost_name].refresh_policies()
+        return True
 
     # --- connections ---------------------------------------------------------------------------
 

@@ -1,12 +1,14 @@
 """RabbitMQ's definitions file (what `rabbitmqctl export_definitions` writes) loaded into the embedded broker.
 
-Why: a user can take the topology of their production RabbitMQ (users with their password hashes, vhosts,
-permissions, topic permissions, exchanges, queues, bindings) into their tests unchanged.
+Why: a user can take the topology of their production RabbitMQ (users with their password hashes, vhosts
+with their default queue type, permissions, topic permissions, exchanges, queues, bindings, policies and
+operator policies) into their tests unchanged. Policies are read here and checked by config.py
+(policies.validate), since what RabbitMQ accepts depends on the version the broker behaves as.
 
 What the broker does not support is never dropped silently: each such item is named in a WARNING log line
-(`broker.definitions` logger) and kept in `BrokerCore.definitions_skipped`: policies, parameters,
-global_parameters, user and vhost limits, users whose hashing_algorithm is unknown, queues or exchanges the
-broker refuses (e.g. a quorum queue, an unknown exchange type: the warning carries the broker's
+(`broker.definitions` logger) and kept in `BrokerCore.definitions_skipped`: policies the version's RabbitMQ
+would refuse (with its text), parameters, global_parameters, user and vhost limits, users whose hashing_algorithm is unknown, queues or exchanges the
+broker refuses (e.g. invalid arguments, an unknown exchange type: the warning carries the broker's
 reason), bindings whose source or destination was skipped, and unknown top-level keys. A file that is not
 a definitions document (not JSON, a list where a list of objects belongs, a permission without its
 expressions) is an error naming the file and the entry.
@@ -27,8 +29,9 @@ log = logging.getLogger("broker.definitions")
 
 # Keys export_definitions writes that carry no topology: informational.
 _INFORMATIONAL = {"rabbit_version", "rabbitmq_version", "product_name", "product_version"}
-_TOPOLOGY = {"users", "vhosts", "permissions", "topic_permissions", "queues", "exchanges", "bindings"}
-_UNSUPPORTED = {"policies", "parameters", "global_parameters", "operator_policies"}
+_TOPOLOGY = {"users", "vhosts", "permissions", "topic_permissions", "queues", "exchanges", "bindings", "policies",
+             "operator_policies"}
+_UNSUPPORTED = {"parameters", "global_parameters"}
 
 
 @dataclass
@@ -40,6 +43,9 @@ class Definitions:
     exchanges: list = field(default_factory=list)
     queues: list = field(default_factory=list)
     bindings: list = field(default_factory=list)
+    policies: list = field(default_factory=list)           # entries as exported (checked by config.py)
+    operator_policies: list = field(default_factory=list)
+    default_queue_types: dict = field(default_factory=dict)  # vhost -> its default_queue_type
     skipped: list = field(default_factory=list)            # what the broker does not support, by name
 
 
@@ -67,11 +73,10 @@ def parse(source) -> Definitions:
     d = Definitions()
     for key in sorted(set(doc) - _INFORMATIONAL - _TOPOLOGY - _UNSUPPORTED):
         d.skipped.append(f"unknown key '{key}'")
-    for item in _entries(doc, "policies", where):
-        d.skipped.append(f"policy '{item.get('name')}' in vhost '{item.get('vhost')}' "
-                         f"(pattern {item.get('pattern')!r}, apply-to {item.get('apply-to')!r})")
-    for item in _entries(doc, "operator_policies", where):
-        d.skipped.append(f"operator policy '{item.get('name')}' in vhost '{item.get('vhost')}'")
+    for key in ("policies", "operator_policies"):
+        for i, item in enumerate(_entries(doc, key, where)):
+            _str(item, "name", f"{where}: {key}[{i}]"), _str(item, "vhost", f"{where}: {key}[{i}]")
+            getattr(d, key).append(item)
     for item in _entries(doc, "parameters", where):
         d.skipped.append(f"parameter '{item.get('name')}' of component '{item.get('component')}' "
                          f"in vhost '{item.get('vhost')}'")
@@ -94,6 +99,12 @@ def parse(source) -> Definitions:
         if item.get("limits"):
             d.skipped.append(f"limits of vhost '{name}' ({json.dumps(item['limits'], sort_keys=True)})")
         d.vhosts.append(name)
+        qtype = item.get("default_queue_type") or (item.get("metadata") or {}).get("default_queue_type")
+        if qtype:
+            if qtype not in ("classic", "quorum", "stream"):
+                d.skipped.append(f"default_queue_type '{qtype}' of vhost '{name}' (an unknown queue type)")
+            else:
+                d.default_queue_types[name] = qtype
     for i, item in enumerate(_entries(doc, "permissions", where)):
         at = f"{where}: permissions[{i}]"
         key = (_str(item, "user", at), _str(item, "vhost", at))

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 
-from . import limits
+from . import limits, policies
 from .config import BrokerConfig
 from .server import Server
 
@@ -88,6 +88,51 @@ class Broker:
         """Run fn(*args) on the broker's event loop thread and return its result."""
         future = asyncio.run_coroutine_threadsafe(_call(fn, *args), self._loop)
         return future.result(timeout=10)
+
+    # --- policies (rabbitmqctl set_policy / clear_policy / set_operator_policy / clear_operator_policy) ----
+
+    def set_policy(self, name: str, pattern: str, definition: dict, *, vhost: str = "/", apply_to: str = "all",
+                   priority: int = 0) -> None:
+        """Set (or replace) a policy, as `rabbitmqctl set_policy` does: the vhost's matching queues and
+        exchanges act on it at once. ValueError with RabbitMQ's text when RabbitMQ would refuse it (an unknown
+        apply-to or key, a bad regular expression, a value of the wrong type). Kept across restarts with
+        data_dir. Before start() it is added to the configuration."""
+        self._set(policies.POLICY, name, pattern, definition, vhost, apply_to, priority)
+
+    def clear_policy(self, name: str, vhost: str = "/") -> None:
+        """Remove a policy (`rabbitmqctl clear_policy`); ValueError when there is none of that name."""
+        self._clear(policies.POLICY, name, vhost)
+
+    def set_operator_policy(self, name: str, pattern: str, definition: dict, *, vhost: str = "/",
+                            apply_to: str = "all", priority: int = 0) -> None:
+        """Set an operator policy (`rabbitmqctl set_operator_policy`): merged with the policy a queue has."""
+        self._set(policies.OPERATOR_POLICY, name, pattern, definition, vhost, apply_to, priority)
+
+    def clear_operator_policy(self, name: str, vhost: str = "/") -> None:
+        self._clear(policies.OPERATOR_POLICY, name, vhost)
+
+    def _set(self, kind, name, pattern, definition, vhost, apply_to, priority) -> None:
+        policy = policies.validate(kind, vhost, name, pattern, definition, priority, apply_to,
+                                   behaviour=self.config.behaviour)
+        if vhost not in self.config.all_vhosts:
+            raise ValueError(f"no such vhost '{vhost}' (vhosts: {list(self.config.all_vhosts)})")
+        if self._server is None:
+            self.config.policy_list = [p for p in self.config.policy_list
+                                       if (p.kind, p.vhost, p.name) != (kind, vhost, name)] + [policy]
+            return
+        self.call(self.core.set_policy, policy)
+
+    def _clear(self, kind, name, vhost) -> None:
+        if self._server is None:
+            before = len(self.config.policy_list)
+            self.config.policy_list = [p for p in self.config.policy_list
+                                       if (p.kind, p.vhost, p.name) != (kind, vhost, name)]
+            found = len(self.config.policy_list) != before
+        else:
+            found = self.call(self.core.clear_policy, kind, vhost, name)
+        if not found:
+            what = "operator policy" if kind == policies.OPERATOR_POLICY else "policy"
+            raise ValueError(f"{what} '{name}' in vhost '{vhost}' not found")
 
     def start(self) -> "Broker":
         if self._thread is not None:

@@ -22,12 +22,13 @@ class Exchange:
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments = dict(arguments or {})
+        self.policy_alternate_exchange = None   # a policy's alternate-exchange (the argument wins over it)
         # (destination, routing_key, frozen arguments) -> binding arguments
         self.bindings: dict[tuple, dict] = {}
 
     @property
     def alternate_exchange(self) -> str | None:
-        ae = self.arguments.get("alternate-exchange")
+        ae = self.arguments.get("alternate-exchange", self.policy_alternate_exchange)   # rabbit_policy:get_arg
         return ae if isinstance(ae, str) and ae else None
 
     def bind(self, dest, routing_key: str, arguments: dict) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 from spark_amqp.codec import replies
 
 from . import arguments as arguments_module
-from . import limits
+from . import limits, policies
 from .message import FAILED, RETURNED, Message
 
 class QueueArguments:
@@ -150,8 +150,8 @@ class Queue:
                 raise arguments_module.deprecated_feature_denied("queue_master_locator")
             if not isinstance(arguments["x-queue-master-locator"], str):
                 raise arguments_module.Crash()
-        self.args = QueueArguments(arguments, name)
-        self.arguments = self.args.raw
+        self.args = QueueArguments(arguments, name)     # what the queue acts on (arguments and policy)
+        self.arguments = self.args.raw                  # the arguments as declared
         self.store = PriorityStore(self.args.max_priority) if self.args.max_priority else FifoStore()
         self.consumers: list = []
         self._rr = 0
@@ -162,6 +162,18 @@ class Queue:
         self.last_used = now
         self.has_ttl = False       # some stored message carries an expiry deadline
         self.exclusive_consumer = None
+
+    def apply_policy(self, definition: dict) -> None:
+        """The effective policy definition (policies.py) changed: act on the settings resolved against the
+        arguments (rabbit_amqqueue_process:process_args_policy). A lower length limit drops (dead-letters
+        `maxlen`) from the head at once under drop-head; a message TTL applies to messages enqueued from now
+        on (measured on both reference nodes)."""
+        effective = policies.effective(self.arguments, definition, self.queue_type, self.vhost.core.behaviour)
+        self.args = QueueArguments(effective, self.name)
+        if self.args.overflow == "drop-head" and (self.args.max_length is not None
+                                                 or self.args.max_length_bytes is not None):
+            self._enforce_length()
+        self.vhost.core.register_timed_queue(self)
 
     # --- enqueue -------------------------------------------------------------------------------
 

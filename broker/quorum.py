@@ -23,8 +23,8 @@ What a client sees, and so what this module keeps:
 - Dead letters at most once (published as they go), or at least once (kept, counted against the limits,
   retried until every queue the dead-letter exchange routes them to took them).
 
-The effective value of each setting comes from `effective_config`, from the queue's arguments today and
-ready to take a policy's value per key as RabbitMQ resolves the two.
+The effective value of each setting comes from `effective_config`, from the queue's arguments resolved with
+its policy (policies.effective).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from spark_amqp.codec import fields, properties, replies
 
-from . import arguments, limits
+from . import arguments, limits, policies
 from .arguments import QUORUM, rs
 from .message import ACK, DISCARD, DOWN, FAILED, RETURNED, Message
 
@@ -65,42 +65,34 @@ class QuorumConfig:
     single_active: bool
 
 
-def effective_config(args: dict, behaviour, policy: dict | None = None) -> QuorumConfig:
-    """The queue's settings from its arguments and an effective policy definition (`policy`, keys without
-    the x- prefix, as RabbitMQ's policies name them), resolved per key as rabbit_quorum_queue does: the
-    smaller of the two for the limits and TTLs, the policy's overflow, the argument's dead-letter settings."""
-    policy = policy or {}
+def effective_config(args: dict, behaviour) -> QuorumConfig:
+    """The queue's settings from its effective arguments (its x-arguments resolved with its policy by
+    policies.effective, as rabbit_quorum_queue:gather_policy_config resolves them)."""
 
-    def lookup(key, resolve):
-        a, p = args.get("x-" + key), policy.get(key)
-        if a is None or p is None:
-            return p if a is None else a
-        return resolve(p, a)
+    def lookup(key):
+        return args.get("x-" + key)
 
-    def smaller(p, a):
-        return min(p, a)
-
-    overflow = lookup("overflow", lambda p, a: p)
-    limit_value = lookup("delivery-limit", lambda p, a: max(p, a) if p < 0 or a < 0 else min(p, a))
+    overflow = lookup("overflow")
+    limit_value = lookup("delivery-limit")
     if arguments.is_int(limit_value):
         limit = None if limit_value < 0 and behaviour.quorum_negative_limit_unlimited else limit_value
     else:
         limit = behaviour.quorum_default_delivery_limit
-    exchange = lookup("dead-letter-exchange", lambda p, a: a)
+    exchange = lookup("dead-letter-exchange")
     reject_publish = overflow == "reject-publish"
     return QuorumConfig(
-        max_length=lookup("max-length", smaller),
-        max_bytes=lookup("max-length-bytes", smaller),
+        max_length=lookup("max-length"),
+        max_bytes=lookup("max-length-bytes"),
         reject_publish=reject_publish,
         delivery_limit=limit,
         delivery_limit_set=limit_value is not None,
-        expires=lookup("expires", smaller),
-        message_ttl=lookup("message-ttl", smaller),
+        expires=lookup("expires"),
+        message_ttl=lookup("message-ttl"),
         dead_letter_exchange=exchange,
-        dead_letter_routing_key=lookup("dead-letter-routing-key", lambda p, a: a) if exchange is not None else None,
+        dead_letter_routing_key=lookup("dead-letter-routing-key") if exchange is not None else None,
         # at-least-once needs reject-publish; otherwise RabbitMQ falls back to at-most-once
         at_least_once=(exchange is not None and reject_publish
-                       and lookup("dead-letter-strategy", lambda p, a: a) == "at-least-once"),
+                       and lookup("dead-letter-strategy") == "at-least-once"),
         single_active=args.get("x-single-active-consumer") is True,
     )
 
@@ -197,6 +189,16 @@ class QuorumQueue:
         self._attached = 0                # consumers attached so far
         self._order: dict = {}            # consumer -> attach number (single active: ties by attach order)
         self.has_ttl = False
+
+    def apply_policy(self, definition: dict) -> None:
+        """The effective policy definition changed (rabbit_quorum_queue:policy_changed): the new settings
+        take effect at once; a lower limit drops (or blocks) as after any command."""
+        effective = policies.effective(self.arguments, definition, QUORUM, self.behaviour)
+        self.config = effective_config(effective, self.behaviour)
+        self.args = _Args(self.config)
+        self._evaluate_limits(newest_first=self.behaviour.quorum_drops_newest_first)
+        self.vhost.core.register_timed_queue(self)
+        self.vhost.core.wants_dispatch(self)
 
     # --- sizes and counts ------------------------------------------------------------------------
 
@@ -316,7 +318,7 @@ class QuorumQueue:
             self._evaluate_limits()
         self.vhost.core.wants_dispatch(self)
 
-    def _evaluate_limits(self) -> None:
+    def _evaluate_limits(self, newest_first: bool = False) -> None:
         """rabbit_fifo:evaluate_limit, after every command: drop-head drops (dead-letters `maxlen`) what would
         be delivered next while over the limit; reject-publish blocks at the limit and unblocks at 80%."""
         c = self.config
@@ -328,6 +330,8 @@ class QuorumQueue:
             while self._over_limit() and self.ready:
                 dropped.append(self._pop(next(self._heads())))
             if dropped:
+                if newest_first:
+                    dropped.reverse()
                 self._dead_letter(dropped, "maxlen")
         elif self._over_limit():
             self.blocked = True

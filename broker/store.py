@@ -56,6 +56,7 @@ QUEUE, QUEUE_DEL = b"Q", b"q"
 BIND, UNBIND = b"B", b"b"
 MESSAGE, DELIVERED, REMOVED = b"M", b"D", b"A"
 RETURNED = b"R"                    # a quorum queue took a message back: its counts (quorum.py)
+POLICY, POLICY_CLEARED = b"P", b"p"  # a policy or operator policy set / cleared at run time (Broker.set_policy)
 # stream log records (streams/<n>.log)
 STREAMS_DIR = "streams"
 SEGMENT, CHUNK, TRACKING, DROP = b"S", b"C", b"K", b"D"
@@ -102,6 +103,7 @@ class Store:
         self.exchanges: dict[tuple, bytes] = {}   # (vhost, name) -> record payload
         self.queues: dict[tuple, bytes] = {}      # (vhost, name) -> record payload
         self.bindings: dict[tuple, bytes] = {}    # _binding_key -> record payload
+        self.policies: dict[tuple, bytes] = {}    # (kind, vhost, name) -> the last set or clear record
         # pid -> [(vhost, queue), offset, length, delivered, (acquired, delivery count) or None]
         self.messages: dict[int, list] = {}
         self.live_bytes = 0
@@ -232,6 +234,8 @@ class Store:
                     del self.bindings[b]
                 for pid in [pid for pid, e in self.messages.items() if e[0] == key]:
                     self.live_bytes -= self.messages.pop(pid)[2]
+            elif kind in (POLICY, POLICY_CLEARED):
+                self.policies[(v["kind"], v["vhost"], v["name"])] = payload
             elif kind in (BIND, UNBIND):
                 key = _binding_key(v["vhost"], v["source"], v["kind"], v["dest"], v["key"], v["args"])
                 if kind == BIND:
@@ -251,7 +255,8 @@ class Store:
                 old = fh.read()
         tmp = os.path.join(self.data_dir, "journal.new")
         out = bytearray()
-        for payload in (*self.exchanges.values(), *self.queues.values(), *self.bindings.values()):
+        for payload in (*self.policies.values(), *self.exchanges.values(), *self.queues.values(),
+                        *self.bindings.values()):
             out += _frame(payload)
         delivered = []
         for pid, entry in self.messages.items():
@@ -291,6 +296,7 @@ class Store:
         refuses, is logged at WARNING and left out (its journal records stay until it is deleted)."""
         self.muted = True
         try:
+            self._restore_policies(core)
             for (vname, name), payload in self.exchanges.items():
                 v = fields.decode_table(payload[1:])
                 self._restore_one(core, vname, f"exchange '{name}'", lambda vh: vh.declare_exchange(
@@ -313,6 +319,29 @@ class Store:
         finally:
             self.muted = False
         self._adopt(core)
+
+    def _restore_policies(self, core) -> None:
+        """Policies set or cleared at run time, over those the configuration gave, in the order they happened."""
+        import json
+        from . import policies
+        for (kind, vname, name), payload in self.policies.items():
+            if vname not in core.vhosts:
+                log.warning("data_dir %s: %s '%s' of vhost '%s' not restored: the vhost is not configured",
+                            self.data_dir, kind.replace("_", " "), name, vname)
+                continue
+            v = fields.decode_table(payload[1:])
+            if payload[:1] == POLICY_CLEARED:
+                core.policies.clear(kind, vname, name)
+                continue
+            try:
+                core.policies.set(policies.validate(kind, vname, name, v["pattern"], json.loads(v["definition"]),
+                                                    json.loads(v["priority"]), v["apply_to"],
+                                                    behaviour=core.behaviour))
+            except policies.PolicyError as exc:
+                log.warning("data_dir %s: %s '%s' of vhost '%s' not restored: %s", self.data_dir,
+                            kind.replace("_", " "), name, vname, exc)
+        for vh in core.vhosts.values():
+            vh.refresh_policies()
 
     def _restore_streams(self, core) -> None:
         """Each kept stream's log file read back into its StreamQueue; files of streams no longer kept
@@ -408,6 +437,21 @@ class Store:
         self._apply(payload, 0, 0)
         self._add(payload)
         return True
+
+    def policy_set(self, policy) -> None:
+        import json
+        payload = _meta(POLICY, kind=policy.kind, vhost=policy.vhost, name=policy.name, pattern=policy.pattern,
+                        apply_to=policy.apply_to, priority=json.dumps(policy.priority),
+                        definition=json.dumps(policy.definition))
+        self.policies[(policy.kind, policy.vhost, policy.name)] = payload
+        self._add(payload)
+        self.sync_needed = True
+
+    def policy_cleared(self, kind: str, vhost: str, name: str) -> None:
+        payload = _meta(POLICY_CLEARED, kind=kind, vhost=vhost, name=name)
+        self.policies[(kind, vhost, name)] = payload
+        self._add(payload)
+        self.sync_needed = True
 
     def exchange_deleted(self, vhost: str, name: str) -> None:
         self._deleted(EXCHANGE_DEL, self.exchanges, vhost, name)

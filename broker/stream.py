@@ -34,7 +34,7 @@ import struct
 
 from spark_amqp.codec import fields, replies
 
-from . import arguments, limits
+from . import arguments, limits, policies
 from .arguments import STREAM, Crash, erl_string, parse_max_age, rs, text, type_name
 
 # osiris' on-disk layout (osiris_log.erl): a segment file starts with an 8-byte header, every chunk has a
@@ -203,6 +203,15 @@ class StreamQueue:
         self.pending: list = []           # messages of the chunk being gathered (this read)
         self.readers: dict = {}           # consumer -> Reader
         self.bytes = LOG_HEADER_SIZE      # size of the segments kept
+
+    def apply_policy(self, definition: dict) -> None:
+        """The effective policy definition changed: retention and the segment size the policy sets take
+        precedence over the arguments (rabbit_stream_queue:update_stream_conf) from the next roll on."""
+        behaviour = self.vhost.core.behaviour
+        effective = policies.effective(self.arguments, definition, STREAM, behaviour)
+        self.args = StreamArguments(effective, behaviour)
+        self.max_segment_size = (DEFAULT_MAX_SEGMENT_SIZE_BYTES if self.args.max_segment_size is None
+                                 else self.args.max_segment_size)
 
     # --- declare -------------------------------------------------------------------------------
 

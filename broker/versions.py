@@ -102,6 +102,30 @@ class Behaviour:
     quorum_sac_get_name: str
     # x-max-length-bytes counts the encoded properties too (4.x); 3.10 counts bodies.
     quorum_bytes_with_properties: bool
+    # Messages a quorum queue drops at once when a policy lowers its limit are dead-lettered newest first
+    # (3.10's rabbit_fifo update_config); 4.x dead-letters them oldest first.
+    quorum_drops_newest_first: bool = False
+    # Policies (policies.py). The keys a policy may set (each version's registered policy validators: 3.10
+    # also has the ha-* keys of classic mirroring) and an operator policy may set; the `apply-to` values
+    # (4.x adds one per queue type) and the text refusing another one.
+    policy_keys: frozenset = frozenset()
+    operator_policy_keys: frozenset = frozenset()
+    policy_apply_to: tuple[str, ...] = ("all", "exchanges", "queues")
+    policy_apply_to_text: str = ""
+    # Keys an operator policy's value overrides the policy's with (4.x: overflow, queue-version); every
+    # other numeric key merges as the lower value.
+    operator_policy_wins: frozenset = frozenset()
+    # The keys that make a policy not apply to a queue type at all (each type's `unsupported_policies`
+    # capability): a policy holding one of them does not match that type's queues.
+    policy_unsupported: MappingProxyType = None
+    # A delivery-limit policy may be negative (4.x: no limit); 3.10 refuses it.
+    policy_negative_delivery_limit: bool = True
+    # A quorum queue's expires: 3.10 takes the policy's over the argument's (4.x: the lower of the two);
+    # its delivery-limit: 3.10 the lower, 4.x the lower unless one is negative (then the higher).
+    quorum_expires_policy_wins: bool = False
+    # A vhost's default queue type (4.x): a declare without x-queue-type gets it when the type allows the
+    # declare's properties, else classic. 3.10 has none.
+    vhost_default_queue_type: bool = True
 
 
 def _table(**by_type) -> MappingProxyType:
@@ -144,6 +168,41 @@ _CONSUMER_ARGUMENTS_310 = _table(classic="x-cancel-on-ha-failover x-priority x-c
 _CONSUMER_ARGUMENTS_43 = _table(classic="x-priority", quorum="x-priority x-consumer-timeout",
                                 stream="x-stream-offset x-stream-filter x-stream-match-unfiltered")
 
+# rabbit_policies:register/0 (and rabbit_quorum_queue's, 3.10's rabbit_mirror_queue_misc's validators).
+_POLICY_KEYS_310 = frozenset('''alternate-exchange dead-letter-exchange dead-letter-routing-key
+    dead-letter-strategy message-ttl expires max-length max-length-bytes max-in-memory-length max-in-memory-bytes
+    queue-mode queue-version overflow delivery-limit max-age stream-max-segment-size-bytes queue-leader-locator
+    initial-cluster-size ha-mode ha-params ha-sync-mode ha-sync-batch-size ha-promote-on-shutdown
+    ha-promote-on-failure'''.split())
+_POLICY_KEYS_43 = frozenset('''alternate-exchange consumer-disconnected-timeout consumer-timeout
+    dead-letter-exchange dead-letter-routing-key dead-letter-strategy message-ttl expires max-length
+    max-length-bytes max-in-memory-length max-in-memory-bytes queue-mode queue-version overflow delivery-limit
+    max-age stream-max-segment-size-bytes stream-filter-size-bytes queue-leader-locator initial-cluster-size
+    target-group-size delayed-retry-type delayed-retry-min delayed-retry-max'''.split())
+_OPERATOR_KEYS_310 = frozenset('''expires message-ttl max-length max-length-bytes max-in-memory-length
+    max-in-memory-bytes delivery-limit'''.split())
+_OPERATOR_KEYS_43 = _OPERATOR_KEYS_310 | {"queue-version", "overflow", "target-group-size",
+                                          "delayed-retry-type", "delayed-retry-min", "delayed-retry-max"}
+_UNSUPPORTED_310 = _table(
+    classic="max-age stream-max-segment-size-bytes queue-leader-locator initial-cluster-size delivery-limit "
+            "dead-letter-strategy",
+    quorum="max-priority queue-mode single-active-consumer ha-mode ha-params ha-sync-mode ha-promote-on-shutdown "
+           "ha-promote-on-failure queue-master-locator max-age stream-max-segment-size-bytes initial-cluster-size",
+    stream="expires message-ttl dead-letter-exchange dead-letter-routing-key max-length max-in-memory-length "
+           "max-in-memory-bytes max-priority overflow queue-mode single-active-consumer delivery-limit ha-mode "
+           "ha-params ha-sync-mode ha-promote-on-shutdown ha-promote-on-failure queue-master-locator "
+           "dead-letter-strategy")
+_UNSUPPORTED_43 = _table(
+    classic="max-age stream-max-segment-size-bytes initial-cluster-size delivery-limit dead-letter-strategy "
+            "max-in-memory-length max-in-memory-bytes target-group-size selector-fields selector-field-max-bytes",
+    quorum="max-priority queue-mode ha-mode ha-params ha-sync-mode ha-promote-on-shutdown ha-promote-on-failure "
+           "queue-master-locator max-age stream-max-segment-size-bytes initial-cluster-size selector-fields "
+           "selector-field-max-bytes",
+    stream="expires message-ttl dead-letter-exchange dead-letter-routing-key max-length max-in-memory-length "
+           "max-in-memory-bytes max-priority overflow queue-mode delivery-limit ha-mode ha-params ha-sync-mode "
+           "ha-promote-on-shutdown ha-promote-on-failure queue-master-locator dead-letter-strategy "
+           "target-group-size selector-fields selector-field-max-bytes")
+
 
 BEHAVIOURS = {
     "3.10": Behaviour(version="3.10", global_qos=True, max_message_size=128 * 2**20, queue_versions=(1, 2),
@@ -161,6 +220,12 @@ BEHAVIOURS = {
                       quorum_get_always_counts=True, quorum_requeue_to_tail_without_limit=True,
                       quorum_priorities=False, quorum_sac_priority=False, quorum_sac_get_name="quorum",
                       quorum_bytes_with_properties=False, unknown_exchange_type_closes_connection=True,
+                      quorum_drops_newest_first=True, policy_keys=_POLICY_KEYS_310,
+                      operator_policy_keys=_OPERATOR_KEYS_310, policy_apply_to=("all", "exchanges", "queues"),
+                      policy_apply_to_text="apply-to '{}' unrecognised; should be 'queues', 'exchanges' or 'all'",
+                      operator_policy_wins=frozenset(), policy_unsupported=_UNSUPPORTED_310,
+                      policy_negative_delivery_limit=False, quorum_expires_policy_wins=True,
+                      vhost_default_queue_type=False,
                       frame_min_size=4096, refuse_with_amqp10_header=False,
                       access_texts_name_permission=False, passive_declare_needs_a_permission=False),
     "4.3": Behaviour(version="4.3", global_qos=False, max_message_size=16 * 2**20, queue_versions=(2,),
@@ -179,6 +244,12 @@ BEHAVIOURS = {
                      quorum_get_always_counts=False, quorum_requeue_to_tail_without_limit=False,
                      quorum_priorities=True, quorum_sac_priority=True, quorum_sac_get_name='<<"quorum">>',
                      quorum_bytes_with_properties=True, unknown_exchange_type_closes_connection=False,
+                     policy_keys=_POLICY_KEYS_43, operator_policy_keys=_OPERATOR_KEYS_43,
+                     policy_apply_to=("all", "exchanges", "queues", "classic_queues", "quorum_queues", "streams"),
+                     policy_apply_to_text="apply-to '{}' unrecognised; should be one of: 'queues', "
+                                          "'classic_queues',  'quorum_queues', 'streams', 'exchanges', or 'all'",
+                     operator_policy_wins=frozenset({"overflow", "queue-version"}),
+                     policy_unsupported=_UNSUPPORTED_43,
                      frame_min_size=8192, refuse_with_amqp10_header=True,
                      access_texts_name_permission=True, passive_declare_needs_a_permission=True),
 }

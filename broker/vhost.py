@@ -46,6 +46,8 @@ class VirtualHost:
             self.exchanges[xname] = EXCHANGE_TYPES[xtype](xname, durable=True)
             self.exchanges[xname].configure(core.behaviour)
         self.queues: dict[str, Queue] = {}
+        # The vhost's default queue type (4.x's vhost metadata default_queue_type), None: classic.
+        self.default_queue_type: str | None = None
 
     # --- exchanges -----------------------------------------------------------------------------
 
@@ -94,6 +96,9 @@ class VirtualHost:
         x = cls(name, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments)
         x.configure(self.core.behaviour)
         self.exchanges[name] = x
+        if self.core.policies.any_in(self.name):
+            x.policy_alternate_exchange = self.core.policies.exchange_definition(self.name, name).get(
+                "alternate-exchange")
         if self.core.store is not None:
             self.core.store.exchange_declared(self.name, x)
         return x
@@ -180,9 +185,9 @@ class VirtualHost:
                 q.last_used = now
             return q
         behaviour = self.core.behaviour
-        args = arguments.with_queue_type(table, behaviour)
+        args = self._with_default_type(table, durable, exclusive, auto_delete)
         if not name:
-            qtype = arguments.queue_type(args, behaviour)
+            qtype = arguments.queue_type(args, behaviour, self.default_queue_type)
             if qtype in QUEUE_TYPES and not QUEUE_TYPES[qtype].server_named:
                 raise replies.channel_error(
                     replies.PRECONDITION_FAILED,
@@ -216,9 +221,12 @@ class VirtualHost:
                 q.last_used = now
             return q
         arguments.check_dead_letter_exchange(args, name, self.name)
-        qtype = arguments.check_declare(args, name, self.name, behaviour)
+        qtype = arguments.check_declare(args, name, self.name, behaviour, self.default_queue_type)
         q = QUEUE_TYPES[qtype](self, name, durable, owner, auto_delete, args, now)
         self.queues[name] = q
+        q.policy_definition = {}
+        if self.core.policies.any_in(self.name):
+            self._apply_policy(q)
         self.default_exchange.bind(q, name, {})
         if owner is not None:
             owner.exclusive_queues.add(q)
@@ -226,6 +234,32 @@ class VirtualHost:
             self.core.store.queue_declared(self.name, q)
         self.core.register_timed_queue(q)
         return q
+
+    def _with_default_type(self, table, durable, exclusive, auto_delete) -> dict:
+        """The declare's arguments as RabbitMQ 4.x works with them (rabbit_amqqueue:augment_declare_args):
+        without x-queue-type, the vhost's default type is added when that type allows the declare's
+        properties (quorum and stream: durable, not exclusive, not auto-delete), else classic."""
+        dqt = self.default_queue_type
+        if dqt is None or "x-queue-type" in (table or {}):
+            return arguments.with_queue_type(table, self.core.behaviour)
+        compatible = dqt == arguments.CLASSIC or (durable and not exclusive and not auto_delete)
+        return {**(table or {}), "x-queue-type": dqt if compatible else arguments.CLASSIC}
+
+    def _apply_policy(self, q) -> None:
+        definition = self.core.policies.queue_definition(self.name, q.name, q.queue_type)
+        if definition != q.policy_definition:
+            q.policy_definition = definition
+            q.apply_policy(definition)
+
+    def refresh_policies(self) -> None:
+        """The vhost's policies changed: every queue and exchange takes its (new) effective policy."""
+        for q in list(self.queues.values()):
+            if not q.deleted:
+                self._apply_policy(q)
+        for x in self.exchanges.values():
+            if x.name and not x.name.startswith("amq."):
+                x.policy_alternate_exchange = self.core.policies.exchange_definition(self.name, x.name).get(
+                    "alternate-exchange")
 
     def delete_queue(self, q: Queue, if_unused: bool = False, if_empty: bool = False) -> int:
         """queue.delete: the queue type checks if-unused / if-empty; delete-ok counts the ready messages
