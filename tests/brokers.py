@@ -45,6 +45,8 @@ RABBITMQ4_CTL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.
 # The two reference nodes by the version they run: (host, port, URL).
 NODES = {"3.10": (RABBITMQ_HOST, RABBITMQ_PORT, RABBITMQ_URL),
          "4.3": (RABBITMQ4_HOST, RABBITMQ4_PORT, RABBITMQ4_URL)}
+# The RabbitMQ nodes a connector test runs against, by the name of the `broker_url` param (tests/conftest.py).
+RABBITMQ_KINDS = {"rabbitmq": "3.10", "rabbitmq4": "4.3"}
 # The smallest frame_max a client may negotiate with each version (rabbit_framing FRAME_MIN_SIZE).
 MIN_FRAME_MAX = {"3.10": 4096, "4.3": 8192}
 _STARTED_BY = {"3.10": "`rabbitmq-server -detached`", "4.3": "../shared/rabbitmq4/start.sh"}
@@ -102,16 +104,25 @@ def rabbitmqctl(*args: str, version: str = "3.10") -> str:
 
 def rabbitmq_list(what: str, *columns: str, version: str = "3.10") -> list[dict[str, str]]:
     """``rabbitmqctl list_<what> <columns>`` as one dict a row (column name -> text); the last column
-    keeps any tabs of its own (``client_properties`` does). 4.3's CLI has no tab-separated output: its JSON
-    is read and every value given as text, as 3.10's are."""
+    keeps any tabs of its own (``client_properties`` does). 4.3's CLI writes ``client_properties`` in
+    Elixir's syntax: with that column its JSON is read and every value given as text, as 3.10's are."""
     import json
 
-    if version != "3.10":
-        rows = json.loads(rabbitmqctl(f"list_{what}", *columns, "--formatter", "json", version=version) or "[]")
-        return [{c: row.get(c) if isinstance(row.get(c), str) else json.dumps(row.get(c)) for c in columns}
-                for row in rows]
+    if version != "3.10" and "client_properties" in columns:
+        asked = [*columns, "name"] if "pid" in columns and "name" not in columns else list(columns)
+        rows = json.loads(rabbitmqctl(f"list_{what}", *asked, "--formatter", "json", version=version) or "[]")
+        out = [{c: row.get(c) if isinstance(row.get(c), str) else json.dumps(row.get(c)) for c in asked}
+               for row in rows]
+        if "pid" in columns:
+            # The JSON gives a pid as Pid(#PID<...>), which close_connection does not take: the table's
+            # form (<node.creation.id.serial>) by the row's name.
+            lines = rabbitmqctl(f"list_{what}", "name", "pid", version=version).splitlines()[1:]
+            pids = dict(line.rsplit("\t", 1) for line in lines if "\t" in line)
+            for row in out:
+                row["pid"] = pids.get(row["name"], row["pid"])
+        return [{c: row[c] for c in columns} for row in out]
     rows = []
-    for line in rabbitmqctl(f"list_{what}", *columns, "--no-table-headers").splitlines():
+    for line in rabbitmqctl(f"list_{what}", *columns, "--no-table-headers", version=version).splitlines():
         parts = line.split("\t", len(columns) - 1)
         if len(parts) == len(columns):
             rows.append(dict(zip(columns, parts)))

@@ -1,6 +1,6 @@
 """Shared fixtures: where the brokers are, and names that do not collide.
 
-Tests that need RabbitMQ (the reference broker at 127.0.0.1:5672) skip with a clear reason when it is not
+Tests that need RabbitMQ (the reference brokers: 3.10 at 127.0.0.1:5672, 4.3 at 127.0.0.1:5682) skip with a clear reason when it is not
 reachable, so the suite passes on a laptop without it; CI sets SPARK_AMQP_REQUIRE_RABBITMQ=1 and then an
 unreachable RabbitMQ fails those tests instead. The embedded broker comes from our own pytest plugin
 (`spark_amqp_broker.pytest_plugin`, fixture `amqp_broker`), registered through the `pytest11` entry point.
@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from brokers import RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq
+from brokers import RABBITMQ4_URL, RABBITMQ_KINDS, RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq
 
 # Every JVM the tests start (the session's SparkSession, the drivers of the kill tests, the notebooks' kernels,
 # the demo, the Spark Connect server) compiles with C1 only. They live for seconds to minutes on small data,
@@ -85,21 +85,29 @@ def _rabbit_tls_node(external: bool):
     node.stop()
 
 
-@pytest.fixture(params=["embedded", "rabbitmq"])
+@pytest.fixture(params=["embedded", *RABBITMQ_KINDS])
 def broker_url(request) -> str:
-    """Each test using this runs twice: against our embedded broker and against RabbitMQ.
+    """Each test using this runs three times: against our embedded broker (as RabbitMQ 4.3, its default),
+    RabbitMQ 3.10 and RabbitMQ 4.3.
 
-    Equal assertions on both is what makes a test differential.
+    Equal assertions on all is what makes a test differential.
     """
-    if request.param == "rabbitmq":
-        require_rabbitmq()
-        return RABBITMQ_URL
+    if request.param in RABBITMQ_KINDS:
+        return require_rabbitmq(RABBITMQ_KINDS[request.param])
     return request.getfixturevalue("amqp_broker").url
 
 
 @pytest.fixture
 def broker_kind(broker_url) -> str:
-    return "rabbitmq" if broker_url == RABBITMQ_URL else "embedded"
+    """"embedded", "rabbitmq" (3.10) or "rabbitmq4" (4.3)."""
+    return {RABBITMQ_URL: "rabbitmq", RABBITMQ4_URL: "rabbitmq4"}.get(broker_url, "embedded")
+
+
+@pytest.fixture
+def node_version(broker_kind) -> str | None:
+    """The RabbitMQ version of the node under test (for rabbitmqctl and version-dependent expectations);
+    None for the embedded broker."""
+    return RABBITMQ_KINDS.get(broker_kind)
 
 
 @pytest.fixture

@@ -70,11 +70,11 @@ class Admin:
 # ------------------------------------------------------------------------------ cutting connections
 
 
-def cut_sink_connections(broker, marker: str) -> int:
+def cut_sink_connections(broker, marker: str, version: str = "3.10") -> int:
     """Close, from the side of `broker` (the embedded `Broker`, or None for RabbitMQ), every sink connection
     whose name contains `marker`; returns how many (the sink names its connections
-    `spark-amqp sink <query or write id> ...`)."""
+    `spark-amqp sink <query or write id> ...`); `version` picks the RabbitMQ node."""
     return brokers.cut_connections(
-        broker, reason="cut by the sink tests", columns=["client_properties"],
+        broker, reason="cut by the sink tests", columns=["client_properties"], version=version,
         rabbitmq=lambda row: marker in row["client_properties"],
         embedded=lambda conn: marker in str((conn.client_properties or {}).get("connection_name", "")))

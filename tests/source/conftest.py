@@ -1,6 +1,6 @@
 """Fixtures for the source tests (helpers live in source_helpers.py).
 
-`env`: the broker under test (both brokers, through `broker_url`) with queue helpers and probes;
+`env`: the broker under test (each broker of `broker_url`) with queue helpers and probes;
 `secret_broker`: an embedded broker with a user whose password is easy to search for in error texts;
 every streaming query a test leaves running is stopped after it.
 """
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from brokers import RABBITMQ_KINDS
 from source_helpers import SECRET, Env
 
 
 @pytest.fixture
 def env(request, broker_url, broker_kind, unique_name):
     broker = request.getfixturevalue("amqp_broker") if broker_kind == "embedded" else None
-    e = Env(broker_url, broker_kind, broker, unique_name)
+    e = Env(broker_url, broker_kind, broker, unique_name, version=RABBITMQ_KINDS.get(broker_kind))
     yield e
     e.cleanup()
 

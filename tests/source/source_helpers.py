@@ -16,6 +16,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pika
 import psutil
@@ -54,10 +55,11 @@ def local_ports_to(port: int) -> set[int]:
 class Env:
     """The broker under test, as a test uses it."""
 
-    def __init__(self, url: str, kind: str, broker, unique_name):
+    def __init__(self, url: str, kind: str, broker, unique_name, version: str | None = None):
         self.url = url
         self.kind = kind
         self.broker = broker            # the embedded `Broker`, or None for RabbitMQ
+        self.version = version or "3.10"    # which RabbitMQ node, when broker is None
         self._unique = unique_name
         self._declared: list[str] = []
         self._conn = None
@@ -91,6 +93,13 @@ class Env:
         self._declared.append(name)
         return name
 
+    def quorum_queue(self, prefix: str = "quorum", **arguments) -> str:
+        """Declare a fresh quorum queue (durable, as quorum queues must be; deleted after the test)."""
+        name = self._unique(prefix)
+        self.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum", **arguments})
+        self._declared.append(name)
+        return name
+
     def stream(self, prefix: str = "stream", **arguments) -> str:
         """Declare a fresh stream queue (durable, as streams must be; deleted after the test)."""
         name = self._unique(prefix)
@@ -121,7 +130,8 @@ class Env:
     def state(self, queue: str) -> tuple[int, int]:
         """(messages ready, messages delivered and not acked) of `queue`, as the broker counts them."""
         if self.broker is None:
-            for row in rabbitmq_list("queues", "name", "messages_ready", "messages_unacknowledged"):
+            for row in rabbitmq_list("queues", "name", "messages_ready", "messages_unacknowledged",
+                                     version=self.version):
                 if row["name"] == queue:
                     return int(row["messages_ready"]), int(row["messages_unacknowledged"])
             raise AssertionError(f"queue {queue!r} not found by rabbitmqctl list_queues")
@@ -137,7 +147,7 @@ class Env:
     def consumers(self, queue: str) -> int:
         """Consumers attached to `queue` now."""
         if self.broker is None:
-            for row in rabbitmq_list("queues", "name", "consumers"):
+            for row in rabbitmq_list("queues", "name", "consumers", version=self.version):
                 if row["name"] == queue:
                     return int(row["consumers"])
             raise AssertionError(f"queue {queue!r} not found by rabbitmqctl list_queues")
@@ -170,9 +180,10 @@ class Env:
 
     def cut_source_connections(self) -> int:
         """Close, from the broker's side, the connections Spark's processes hold. Returns how many."""
-        ports = local_ports_to(5672) if self.broker is None else set()
+        ports = local_ports_to(urlparse(self.url).port) if self.broker is None else set()
         return cut_connections(
             self.broker, reason="test: connection cut by the source tests", columns=["peer_port"],
+            version=self.version,
             rabbitmq=lambda row: int(row["peer_port"]) in ports,
             embedded=lambda conn: conn.client_properties.get("product") in ("spark-amqp", b"spark-amqp"))
 
