@@ -200,8 +200,9 @@ OPTIONS = (
            "out of memory). Without `prefetch`, the prefetch is lowered, once message sizes are known, to "
            "what two batches of this size take."),
     Option("queueType", "source", "classic", _choice("classic", "quorum", "stream"),
-           "Source: `classic` and `quorum` consume with acks (queue mode); `stream` reads stream queues by "
-           "offset ranges on executors (stream mode: nothing is acked or removed)."),
+           "Source: `classic` and `quorum` consume with acks (queue mode; with `declare=declare`, `quorum` "
+           "declares a quorum queue); `stream` reads stream queues by offset ranges on executors (stream "
+           "mode: nothing is acked or removed)."),
     Option("startingOffsets", "source", None, _stream_offsets,
            "Stream mode: where a new query (or a batch read) starts: `earliest`, `latest`, or JSON per stream "
            "`{\"events\": 1200}` (-2 earliest, -1 latest). Default: `latest` for a stream query, `earliest` "

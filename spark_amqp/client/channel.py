@@ -281,10 +281,27 @@ class Channel:
         self._consumers.add(ok.consumer_tag)
         return ok.consumer_tag
 
-    def basic_cancel(self, consumer_tag: str) -> None:
+    def basic_cancel(self, consumer_tag: str, timeout: float | None = None) -> None:
         """Stop a consumer. Deliveries already received stay queued (and may still be acked)."""
-        self._rpc(commands.Basic.Cancel(consumer_tag=consumer_tag), (commands.Basic.CancelOk,))
+        self._rpc(commands.Basic.Cancel(consumer_tag=consumer_tag), (commands.Basic.CancelOk,), timeout)
         self._consumers.discard(consumer_tag)
+
+    def release_pending(self, timeout: float | None = None) -> int:
+        """Cancel this channel's consumers, then give every delivery received and not yet taken back to its
+        queue (basic.nack with requeue, one write); returns how many. Deliveries already taken stay unacked.
+
+        Why not just close the channel: RabbitMQ 4.x counts a channel close, a connection loss and a
+        basic.reject as a delivery attempt of a quorum queue's message (x-delivery-count, which the
+        delivery limit dead-letters on), and a nack with requeue not (measured on 4.3.6; 3.10 counts all
+        four). Cancelling first keeps the broker from delivering the nacked messages to us again."""
+        for tag in list(self._consumers):
+            self.basic_cancel(tag, timeout)
+        with self._cond:
+            tags = [d.delivery_tag for d in self._deliveries]
+            self._deliveries.clear()
+        if tags:
+            self.connection._send(b"".join(methods.encode_nack(self.number, tag, False, True) for tag in tags))
+        return len(tags)
 
     @property
     def consumer_tags(self) -> frozenset[str]:

@@ -90,6 +90,31 @@ class ArrowPartition(InputPartition):
         self.probe = probe
 
 
+def _stop_on_sigterm(reader) -> None:
+    """Driver (Spark's Python source runner, in its main thread). Spark ends the runner with SIGTERM when a
+    query stops or fails, without the reader's stop() (measured: stop() never ran after a failed batch);
+    here SIGTERM first stops the reader, then ends the process as SIGTERM does."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    stopping = []
+
+    def on_sigterm(signum, frame):
+        if stopping:        # Spark may send it twice: a nested stop() would end the process mid-release
+            return
+        stopping.append(True)
+        try:
+            reader.stop()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 class _QueueStreamReaderBase(DataSourceStreamReader):
     """What both API generations share: the driver's consumer, the backlog, partitions, commit and stop."""
 
@@ -118,6 +143,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         """The driver's consumer, connected on first use (errors here fail the query with a clear text).
         Its consumers start with the first batch taken, so that an availableNow count is exact."""
         if self._consumer is None:
+            _stop_on_sigterm(self)
             if self.options.get("journalPath") and self._journal is None:
                 self._journal = BatchJournal(self.options["journalPath"])
                 self._journal.load()
@@ -327,7 +353,9 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             self._ack_through(int(end["seq"]))
 
     def stop(self) -> None:
-        """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true)."""
+        """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true): first
+        those in no batch (uncounted by a quorum queue's delivery limit on RabbitMQ 4.x), then, as the
+        connection closes, those of batches planned and not committed (counted)."""
         if self._handoff is not None:        # first: Spark may end this process soon after calling stop
             self._handoff.close()
             self._handoff = None
@@ -336,6 +364,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             self._probe = None
         if self._consumer is not None:
             try:
+                self._consumer.release_held()
                 if self._journal is not None:   # the last commit's acks: their files go if the broker took them
                     self._consumer.confirm_acks()
                     self._journal.settle(self._acks_sent_through)
