@@ -13,7 +13,7 @@ What it measures:
   that it does not share a process or a GIL with the client) and against RabbitMQ (``--rabbitmq-url``,
   default ``amqp://guest:guest@127.0.0.1:5672/%2F``) in the same run. Each phase is repeated ``--rounds``
   (3) times, alternating which broker goes first, and the median is reported, together with the ratios
-  ours/RabbitMQ (targets: publish >= 1.2, consume >= 1.5). Ratios are only meaningful against the peer
+  ours/RabbitMQ (targets: publish >= 1.2, consume >= 1.5; with quorum queues >= 1.0 each). Ratios are only meaningful against the peer
   measured in the same run: the machine is shared and noisy.
 * CPU per message, of the client (this process) and of the server process (the broker subprocess; for
   RabbitMQ the process listening on its port, when it can be found), to show where the time goes.
@@ -25,13 +25,22 @@ What it measures:
   (``--memory-messages``) queued messages of ``--size`` bytes; target under 500 MB. The queue is deleted
   afterwards. ``--memory-rabbitmq`` measures RabbitMQ's RSS growth the same way, for comparison.
 
-Queues are non-durable, named ``bench-<uuid>``, carry ``x-expires`` (10 min) so that an interrupted run does
-not leave them on the shared RabbitMQ, and are deleted at the end of each round.
+Queues are named ``bench-<uuid>``, carry ``x-expires`` (10 min) so that an interrupted run does not leave them
+on the shared RabbitMQ, and are deleted at the end of each round. ``--queue-type classic`` (the default) makes
+them non-durable classic queues; ``--queue-type quorum`` durable quorum queues (every message is written to
+disk: RabbitMQ's Raft log, the embedded broker's journal when it runs with ``--data-dir``, which
+``--data-dir`` gives it; without it the embedded broker keeps them in memory).
+
+``--rabbitmq-url`` may be given more than once (each node is named by the version it reports, e.g.
+``rabbitmq-4.3.6``), and each gets its own ratios.
 
 Run (from the repository root, RabbitMQ running at 127.0.0.1:5672)::
 
     python bench/broker_vs_rabbitmq.py                      # full run: 3 rounds + memory
     python bench/broker_vs_rabbitmq.py --rounds 5 --no-memory
+    python bench/broker_vs_rabbitmq.py --queue-type quorum --size 1024 --no-memory \
+        --rabbitmq-url amqp://guest:guest@127.0.0.1:5672/%2F --rabbitmq-url amqp://guest:guest@127.0.0.1:5682/%2F
+    python bench/broker_vs_rabbitmq.py --queue-type quorum --data-dir --size 1024 --no-memory
     python bench/broker_vs_rabbitmq.py --skip-rabbitmq      # embedded broker only (no ratios)
     python bench/broker_vs_rabbitmq.py --skip-embedded      # RabbitMQ only (checks the client code)
     python bench/broker_vs_rabbitmq.py --skip-rabbitmq --no-memory --py-spy /tmp/prof.svg   # profile ours
@@ -296,11 +305,13 @@ def wait_for_port(host: str, port: int, deadline: float, proc: subprocess.Popen 
             time.sleep(0.05)
 
 
-def start_embedded(log_path: Path) -> tuple[subprocess.Popen, Target]:
+def start_embedded(log_path: Path, data_dir: str | None = None) -> tuple[subprocess.Popen, Target]:
     port = free_port()
     log = open(log_path, "wb")
+    persist = ["--data-dir", data_dir] if data_dir else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_amqp_broker", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
+        [sys.executable, "-m", "spark_amqp_broker", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING",
+         *persist],
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
@@ -339,14 +350,34 @@ def find_listener(url: str) -> psutil.Process | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def declare_queue(url: str) -> str:
+# The queue each round declares, by --queue-type: (durable, arguments).
+QUEUE_TYPES = {"classic": (False, {"x-expires": QUEUE_EXPIRES_MS}),
+               "quorum": (True, {"x-expires": QUEUE_EXPIRES_MS, "x-queue-type": "quorum"})}
+
+
+# Targets of the ratios ours/RabbitMQ (publish, consume) by queue type.
+TARGETS = {"classic": (1.2, 1.5), "quorum": (1.0, 1.0)}
+
+
+def declare_queue(url: str, queue_type: str = "classic") -> str:
     name = f"bench-{uuid.uuid4().hex[:12]}"
+    durable, arguments = QUEUE_TYPES[queue_type]
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        conn.channel().queue_declare(name, arguments={"x-expires": QUEUE_EXPIRES_MS})
+        conn.channel().queue_declare(name, durable=durable, arguments=arguments)
     finally:
         conn.close()
     return name
+
+
+def server_version(url: str) -> str:
+    """The version a broker reports at connection.start (e.g. "4.3.6")."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        version = conn._impl.server_properties.get("version", b"?")
+        return version.decode() if isinstance(version, bytes) else str(version)
+    finally:
+        conn.close()
 
 
 def queue_depth(url: str, name: str) -> int:
@@ -419,7 +450,7 @@ def consume_phase(target: Target, queue: str, args, n: int | None = None) -> Sam
 
 def one_round(target: Target, args, n: int | None = None) -> tuple[Sample, Sample]:
     n = args.messages if n is None else n
-    queue = declare_queue(target.url)
+    queue = declare_queue(target.url, args.queue_type)
     try:
         pub = publish_phase(target, queue, args, n)
         depth = queue_depth(target.url, queue)
@@ -445,7 +476,7 @@ def measure_memory(target: Target, args) -> dict:
     """RSS of the target's server process before, with ``memory_messages`` queued, and after deleting."""
     n = args.memory_messages
     before = target.server_rss()
-    queue = declare_queue(target.url)
+    queue = declare_queue(target.url, args.queue_type)
     try:
         t0 = time.perf_counter()
         # several chunks on fresh connections keep each Publisher's counters small; same pipelining
@@ -486,7 +517,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ack-every", type=int, default=100, help="ack(multiple) every N deliveries")
     p.add_argument("--warmup", type=int, default=10_000,
                    help="messages published and consumed once per broker before timing (0: none)")
-    p.add_argument("--rabbitmq-url", default=DEFAULT_RABBITMQ_URL)
+    p.add_argument("--rabbitmq-url", action="append",
+                   help="a RabbitMQ node to compare with; repeat for several (default "
+                        f"{DEFAULT_RABBITMQ_URL.replace('%', '%%')})")
+    p.add_argument("--queue-type", choices=sorted(QUEUE_TYPES), default="classic",
+                   help="classic (non-durable, the default) or quorum (durable) queues")
+    p.add_argument("--data-dir", action="store_true",
+                   help="run the embedded broker with --data-dir (a temporary directory): durable state on disk")
     p.add_argument("--skip-rabbitmq", action="store_true", help="measure the embedded broker only")
     p.add_argument("--skip-embedded", action="store_true", help="measure RabbitMQ only")
     p.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
@@ -501,32 +538,35 @@ def main(argv: list[str] | None = None) -> int:
                         "py-spy`); FILE.svg: flame graph, FILE.txt: collapsed stacks, FILE.json: speedscope. "
                         "The profiler takes CPU: do not quote throughput from a profiled run")
     args = p.parse_args(argv)
+    args.rabbitmq_url = args.rabbitmq_url or [DEFAULT_RABBITMQ_URL]
     if args.skip_embedded and args.skip_rabbitmq:
         p.error("nothing to measure")
 
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}, "
           f"{psutil.cpu_count()} CPUs, pika {pika.__version__}, Python {sys.version.split()[0]}")
-    print(f"{args.messages:,} messages x {args.size} B; publish window {args.window}, "
+    print(f"{args.messages:,} messages x {args.size} B, {args.queue_type} queues"
+          f"{' (embedded broker with --data-dir)' if args.data_dir else ''}; publish window {args.window}, "
           f"prefetch {args.prefetch}, ack multiple every {args.ack_every}; {args.rounds} rounds")
 
     proc = None
+    data_dir = tempfile.TemporaryDirectory(prefix="bench-broker-") if args.data_dir else None
     targets: list[Target] = []
     log_path = Path(tempfile.gettempdir()) / f"bench-broker-{os.getpid()}.log"
     try:
         if not args.skip_embedded:
-            proc, embedded = start_embedded(log_path)
+            proc, embedded = start_embedded(log_path, data_dir.name if data_dir else None)
             print(f"embedded broker: pid {proc.pid}, {embedded.url} (log {log_path})")
             targets.append(embedded)
-        if not args.skip_rabbitmq:
-            u = urlparse(args.rabbitmq_url)
+        for url in ([] if args.skip_rabbitmq else args.rabbitmq_url):
+            u = urlparse(url)
             try:
                 wait_for_port(u.hostname or "127.0.0.1", u.port or 5672, time.monotonic() + 3)
             except BenchError as exc:
-                raise BenchError(f"RabbitMQ is not reachable ({exc}); start it with "
-                                 "`rabbitmq-server -detached`, or pass --skip-rabbitmq") from None
-            rabbit = Target("rabbitmq", args.rabbitmq_url, find_listener(args.rabbitmq_url))
+                raise BenchError(f"RabbitMQ is not reachable at {url} ({exc}); start it, or pass "
+                                 "--skip-rabbitmq") from None
+            rabbit = Target(f"rabbitmq-{server_version(url)}", url, find_listener(url))
             where = f"pid {rabbit.process.pid}" if rabbit.process else "server process not found"
-            print(f"RabbitMQ: {args.rabbitmq_url} ({where})")
+            print(f"{rabbit.name}: {url} ({where})")
             targets.append(rabbit)
 
         if args.warmup:
@@ -583,15 +623,17 @@ def main(argv: list[str] | None = None) -> int:
                      "rounds": {n: {"publish": [vars(s) for s in res.publish[n]],
                                     "consume": [vars(s) for s in res.consume[n]]} for n in res.publish}}
         ratio_text = ""
-        if "embedded" in med and "rabbitmq" in med:
-            pr = med["embedded"][0].rate / med["rabbitmq"][0].rate
-            cr = med["embedded"][1].rate / med["rabbitmq"][1].rate
-            out["ratios"] = {"publish": pr, "consume": cr}
+        out["ratios"] = {}
+        for name in [n for n in med if n.startswith("rabbitmq") and "embedded" in med]:
+            pr = med["embedded"][0].rate / med[name][0].rate
+            cr = med["embedded"][1].rate / med[name][1].rate
+            out["ratios"][name] = {"publish": pr, "consume": cr}
+            pt, ct = TARGETS[args.queue_type]
             print()
-            print(f"ratio ours/RabbitMQ: publish {pr:.2f} (target >= 1.2, "
-                  f"{'met' if pr >= 1.2 else 'NOT met'}), consume {cr:.2f} (target >= 1.5, "
-                  f"{'met' if cr >= 1.5 else 'NOT met'})")
-            ratio_text = f"; ratio ours/RabbitMQ: publish {pr:.2f}, consume {cr:.2f}"
+            print(f"ratio ours/{name}: publish {pr:.2f} (target >= {pt}, "
+                  f"{'met' if pr >= pt else 'NOT met'}), consume {cr:.2f} (target >= {ct}, "
+                  f"{'met' if cr >= ct else 'NOT met'})")
+            ratio_text += f"; ratio ours/{name}: publish {pr:.2f}, consume {cr:.2f}"
 
         mem_text = ""
         if args.memory and not args.skip_embedded:
@@ -606,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
             mem_text = (f"; RSS with {m['depth']:,} queued {args.size}-byte messages: "
                         f"{m['rss_loaded'] / 1e6:,.0f} MB")
         if args.memory_rabbitmq and not args.skip_rabbitmq:
-            rabbit = next(t for t in targets if t.name == "rabbitmq")
+            rabbit = next(t for t in targets if t.name.startswith("rabbitmq"))
             if rabbit.process is None:
                 print("  RabbitMQ RSS: server process not found")
             else:
@@ -620,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print()
         parts = [f"{n}: publish {a.rate:,.0f} msg/s, consume {b.rate:,.0f} msg/s" for n, (a, b) in med.items()]
-        print(f"Summary (docs/performance.md): {args.messages:,} x {args.size} B messages with pika (confirms, window "
+        print(f"Summary (docs/performance.md): {args.messages:,} x {args.size} B messages, {args.queue_type} queues"
+              f"{' (embedded: --data-dir)' if args.data_dir else ''}, with pika (confirms, window "
               f"{args.window}; prefetch {args.prefetch}, ack every {args.ack_every}), median of "
               f"{args.rounds}: " + "; ".join(parts) + ratio_text + mem_text + ".")
         return 0
@@ -631,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proc is not None:
             stop_embedded(proc)
+        if data_dir is not None:
+            data_dir.cleanup()
             if log_path.exists() and log_path.stat().st_size == 0:
                 log_path.unlink()
 
