@@ -26,18 +26,18 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 
 # Tests that must share one pytest-xdist worker: the ones that use the session's SparkSession (one per
-# process, and two on two cores only slow each other down), the session's second RabbitMQ node (one node
-# name and port set per machine), or start Spark drivers of their own in tests/source.
+# process, and two on two cores only slow each other down) or the session's second RabbitMQ node (one node
+# name and port set per machine). Tests that start Spark drivers or servers of their own (the kill tests,
+# Spark Connect, a fresh process's discovery) go to whichever worker is free: the other worker's share
+# (the broker's differential tests, mostly waiting on sockets) ends minutes earlier.
 ONE_WORKER_FIXTURES = {"spark", "rabbitmq_tls", "rabbitmq_external"}
-ONE_WORKER_DIRS = ("tests/source/", "tests/sink/", "tests/connect/")
 
 
 def pytest_itemcollected(item):
-    """Group the tests above on one worker (`--dist loadgroup`); the rest (the broker's differential
-    tests, mostly waiting on sockets) run on the other worker meanwhile. (xdist 3.8 reads the mark into the
-    test id, which pytest 9.2 no longer lets it change: pyproject pins pytest below 9.2.)"""
-    path = item.nodeid.replace("\\", "/")
-    if ONE_WORKER_FIXTURES & set(item.fixturenames) or path.startswith(ONE_WORKER_DIRS):
+    """Group the tests above on one worker (`--dist loadgroup`); the rest run on the other worker meanwhile.
+    (xdist 3.8 reads the mark into the test id, which pytest 9.2 no longer lets it change: pyproject pins
+    pytest below 9.2.)"""
+    if ONE_WORKER_FIXTURES & set(item.fixturenames):
         item.add_marker(pytest.mark.xdist_group("spark"))
 
 
