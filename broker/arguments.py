@@ -279,13 +279,18 @@ def check_declare(args: dict, name: str, vhost: str, behaviour, default: str | N
             reason = VALIDATORS[key](args[key], args, behaviour)
             if reason:
                 raise invalid_arg(key, name, vhost, reason)
-    others = {k for t, keys in behaviour.queue_arguments.items() if t != qtype for k in keys} - set(takes)
+    _refuse_other_types(args, behaviour.queue_arguments, qtype, name, vhost)
+    return qtype
+
+
+def _refuse_other_types(args: dict, table: dict, qtype: str, name: str, vhost: str) -> None:
+    """406 for the first argument that only another queue type takes (`table`: type -> argument names)."""
+    others = {k for t, keys in table.items() if t != qtype for k in keys} - set(table[qtype])
     for key in args:
         if key in others:
             raise replies.channel_error(
                 replies.PRECONDITION_FAILED,
                 f"invalid arg '{key}' for {rs(name, vhost)} of queue type {TYPE_MODULES[qtype]}")
-    return qtype
 
 
 def check_consume(args: dict, qtype: str, name: str, vhost: str, behaviour, skip=()) -> None:
@@ -298,12 +303,7 @@ def check_consume(args: dict, qtype: str, name: str, vhost: str, behaviour, skip
             reason = VALIDATORS.get(key, _non_neg_int)(args[key], args, behaviour)
             if reason:
                 raise invalid_arg(key, name, vhost, reason)
-    others = {k for t, keys in behaviour.consumer_arguments.items() if t != qtype for k in keys} - set(takes)
-    for key in args:
-        if key in others:
-            raise replies.channel_error(
-                replies.PRECONDITION_FAILED,
-                f"invalid arg '{key}' for {rs(name, vhost)} of queue type {TYPE_MODULES[qtype]}")
+    _refuse_other_types(args, behaviour.consumer_arguments, qtype, name, vhost)
 
 
 # --- redeclare: rabbit_misc:assert_args_equivalence ---------------------------------------------------------

@@ -14,6 +14,8 @@ Stable interface (other test files import these; do not rename):
   be told apart: py-amqp's exception class follows the reply code, not the level).
 - ``expect_close(fn, conn=None) -> (level, reply_code)``: like ``close_outcome`` but fails when nothing
   was closed.
+- ``refusal(fn) -> (level, reply_code, reply_text)``: runs ``fn()`` (pika); the broker must close the
+  channel or the connection.
 - ``queue_counts(url, queue) -> (message_count, consumer_count) | None``: passive declare on a fresh
   connection (None when the queue does not exist, i.e. 404).
 - ``exchange_exists(url, exchange) -> bool``: passive exchange declare on a fresh connection.
@@ -137,6 +139,17 @@ def expect_close(fn: Callable[[], Any], conn: Any = None) -> Outcome:
     outcome = close_outcome(fn, conn)
     assert outcome is not None, "expected the broker to close the channel or the connection"
     return outcome
+
+
+def refusal(fn: Callable[[], Any]) -> tuple[str, int, str]:
+    """Run fn; the broker must close the channel or the connection: (level, reply code, reply text)."""
+    try:
+        fn()
+    except pika.exceptions.ChannelClosedByBroker as e:
+        return ("channel", e.reply_code, e.reply_text)
+    except pika.exceptions.ConnectionClosedByBroker as e:
+        return ("connection", e.reply_code, e.reply_text)
+    raise AssertionError("expected the broker to close the channel or the connection")
 
 
 def pika_sync(ch: Any) -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 
 import pika
-import pika.exceptions
 import pytest
 
-from helpers import queue_counts
+from helpers import queue_counts, refusal
 from support import Collector, Env, env, pump, settle  # noqa: F401
 from test_dead_letter import _raw_get_header, _typed_headers
 from waiting import wait_until
@@ -26,17 +25,6 @@ QQ = {"x-queue-type": "quorum"}
 
 def rs(name: str) -> str:
     return f"queue '{name}' in vhost '/'"
-
-
-def refusal(fn):
-    """Run fn; the broker must close the channel or the connection: (level, reply code, reply text)."""
-    try:
-        fn()
-    except pika.exceptions.ChannelClosedByBroker as e:
-        return ("channel", e.reply_code, e.reply_text)
-    except pika.exceptions.ConnectionClosedByBroker as e:
-        return ("connection", e.reply_code, e.reply_text)
-    raise AssertionError("expected the broker to close the channel or the connection")
 
 
 def declare(env: Env, name: str | None = None, **arguments) -> str:

@@ -17,13 +17,12 @@ import datetime
 import time
 
 import pika
-import pika.exceptions
 import pytest
 from spark_amqp_broker.stream import with_offset_header
 
 from spark_amqp.codec import fields, frames, properties
 
-from helpers import safe_close
+from helpers import refusal, safe_close
 from support import Env
 from waiting import wait_until
 
@@ -91,17 +90,6 @@ def pump(ch, until, timeout=5.0):
     while not until():
         assert time.monotonic() < deadline, "timed out waiting for deliveries"
         ch.connection.process_data_events(0.05)
-
-
-def refusal(fn):
-    """Run fn; the broker must close the channel or the connection: (level, reply code, reply text)."""
-    try:
-        fn()
-    except pika.exceptions.ChannelClosedByBroker as e:
-        return ("channel", e.reply_code, e.reply_text)
-    except pika.exceptions.ConnectionClosedByBroker as e:
-        return ("connection", e.reply_code, e.reply_text)
-    raise AssertionError("expected the broker to close the channel or the connection")
 
 
 def fresh_channel(streams):
