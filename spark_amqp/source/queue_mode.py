@@ -132,8 +132,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
         self._handoff: HandoffDir | None = None   # handoffPath (or handoff=auto in local mode): files here
         self._probe: LocalModeProbe | None = None  # handoff=auto: asking whether the executors share our JVM
-        # journalPath: ack each batch when its file is durable (ackAt=journal, the default), not at its commit
-        self._acks_at_journal = bool(options.get("journalPath")) and options.get("ackAt") != "commit"
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -177,11 +175,6 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 at += len(part.deliveries)
         self._journal.record(batch.seq, record_batch, keys, self._consumer.generation)
         self._built[batch.seq] = record_batch
-        if self._acks_at_journal:
-            # The file is durable: every later attempt of this batch is served from it, so the broker need
-            # hold its deliveries no longer. Batches are planned in order, so this acks every batch so far;
-            # the journal lets go of the file once the batch is committed and the broker answered the acks.
-            self._consumer.ack_through(batch.seq)
 
     def _ack_through(self, seq: int) -> None:
         """Driver: batches through `seq` are committed; ack them. With the journal, the broker's answer behind
