@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pyspark.errors import StreamingQueryException
 
-from source_helpers import checkpoint, stream
+from source_helpers import checkpoint, needs_admission_control, stream
 
 
 def run_until_done(spark, env, queue: str, chk: str, process, runs: int, **options) -> int:
@@ -32,6 +32,7 @@ def run_until_done(spark, env, queue: str, chk: str, process, runs: int, **optio
     raise AssertionError(f"{runs} runs all failed")
 
 
+@needs_admission_control      # each run reads to the end (PySpark 4.0/4.1: one batch per availableNow run)
 def test_a_failed_batch_comes_back_redelivered_with_its_counts_and_is_acked_at_commit(spark, env, node_version,
                                                                                       tmp_path):
     q = env.quorum_queue("work")
@@ -54,6 +55,7 @@ def test_a_failed_batch_comes_back_redelivered_with_its_counts_and_is_acked_at_c
     env.wait_state(q, (0, 0))
 
 
+@needs_admission_control
 def test_a_poison_message_is_dead_lettered_by_the_delivery_limit_and_the_query_goes_on(spark, env, tmp_path):
     """m7 fails its batch every time. With x-delivery-limit 2 the quorum queue dead-letters m7's batch
     (m5..m9) after the third failed run, and the fourth run ends without error. Every message ends in the
