@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -91,16 +90,10 @@ class ArrowPartition(InputPartition):
         self.probe = probe
 
 
-# How long a SIGTERM waits for the reader's stop() before the process ends anyway.
-STOP_ON_SIGTERM_TIMEOUT = 5.0
-
-
 def _stop_on_sigterm(reader) -> None:
     """Driver (Spark's Python source runner, in its main thread). Spark ends the runner with SIGTERM when a
     query stops or fails, without the reader's stop() (measured: stop() never ran after a failed batch);
-    here SIGTERM first stops the reader, then ends the process as SIGTERM does. The stop runs in a thread
-    of its own, for at most STOP_ON_SIGTERM_TIMEOUT: the signal may have interrupted the main thread
-    holding a lock the stop needs (a socket write in progress), and the process must end regardless."""
+    here SIGTERM first stops the reader, then ends the process as SIGTERM does."""
     import signal
     import threading
 
@@ -110,14 +103,14 @@ def _stop_on_sigterm(reader) -> None:
     stopping = []
 
     def on_sigterm(signum, frame):
-        if stopping:        # Spark may send it twice: one stop is enough
+        if stopping:        # Spark may send it twice: a nested stop() would end the process mid-release
             return
         stopping.append(True)
-        stopper = threading.Thread(target=reader.stop, name="spark-amqp stop on SIGTERM", daemon=True)
-        stopper.start()
-        stopper.join(STOP_ON_SIGTERM_TIMEOUT)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            reader.stop()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
