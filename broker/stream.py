@@ -84,12 +84,11 @@ def check_declare(name: str, durable: bool, exclusive: bool, auto_delete: bool, 
                                         f"invalid property '{prop}' for {rs(name, vhost)}")
 
 
-def with_offset_header(header: bytes, offset: int, sort: bool = False) -> bytes:
+def with_offset_header(header: bytes, offset: int) -> bytes:
     """The content header `header` (class, weight, body size, flags, properties) with the table entry
     `x-stream-offset` = offset (type long) added to its headers, replacing one the publisher set (RabbitMQ's
-    rabbit_basic:add_header). Only the bytes up to the headers table are walked; nothing is decoded unless
-    the publisher's own headers already carry the name, or `sort` asks for the table sorted by key (as
-    RabbitMQ, 3.10 and 4.3 alike, delivers a stream message's headers: it keeps the message as AMQP 1.0)."""
+    rabbit_basic:add_header), the table sorted by key as RabbitMQ, 3.10 and 4.3 alike, delivers a stream
+    message's headers (it keeps the message as AMQP 1.0). Only a header with a non-empty table is decoded."""
     flags = _u16.unpack_from(header, 12)[0]
     pos = 14
     for flag in _SHORTSTR_FLAGS:
@@ -102,14 +101,11 @@ def with_offset_header(header: bytes, offset: int, sort: bool = False) -> bytes:
     size = _u32.unpack_from(header, pos)[0]
     end = pos + 4 + size
     table = header[pos + 4:end]
-    if sort and table:
+    if table:
         items = [(k, v) for k, v in fields.table_items(header[pos:end]) if k != "x-stream-offset"]
         items = fields.sorted_items(items + [("x-stream-offset", entry[len(_OFFSET_KEY):])])
         return header[:pos] + fields.table_from_items(items) + header[end:]
-    if b"x-stream-offset" in table:
-        items = [(k, v) for k, v in fields.table_items(header[pos:end]) if k != "x-stream-offset"]
-        table = fields.table_from_items(items)[4:]
-    return b"".join((header[:pos], _u32.pack(len(table) + len(entry)), table, entry, header[end:]))
+    return b"".join((header[:pos], _u32.pack(len(entry)), entry, header[end:]))
 
 
 class Record:
@@ -324,7 +320,7 @@ class StreamQueue:
         records = []
         size = CHUNK_HEADER_SIZE
         for m in msgs:
-            records.append(Record(offset, m.exchange, m.routing_key, with_offset_header(m.header, offset, True),
+            records.append(Record(offset, m.exchange, m.routing_key, with_offset_header(m.header, offset),
                                   m.body))
             size += RECORD_HEADER_SIZE + len(m.header) + len(m.body)
             offset += 1
