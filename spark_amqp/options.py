@@ -223,6 +223,12 @@ OPTIONS = (
            "each micro-batch's rows are written before Spark records its offset. A batch re-run after a "
            "restart is then served from there, row for row the same, and the broker's redelivered copies "
            "of its messages are acked and dropped: exactly-once with an idempotent sink. One per query."),
+    Option("ackAt", "source", None, _choice("journal", "commit"),
+           "Queue mode: when a batch's deliveries are acked. `journal` (the default with `journalPath`): as "
+           "soon as the batch's journal file is durable, before Spark runs it; the broker holds nothing "
+           "across a trigger, so RabbitMQ's `consumer_timeout` cannot fire, and a restart replays the "
+           "batch from the journal. `commit` (the default, and the only choice, without `journalPath`): "
+           "once Spark has committed the batch."),
     Option("handoffPath", "source", None, _text,
            "Queue mode: directory every executor can read (any local path in local mode, else a shared "
            "filesystem URI such as `hdfs://` or `s3://`) where the driver writes each micro-batch's "
@@ -384,6 +390,11 @@ def parse(options, role: str) -> Options:
         if out["queueType"] == "stream" and out.get("journalPath"):
             raise OptionError("journalPath", out["journalPath"], "applies to queue mode only: stream mode "
                               "re-reads a batch's offset range exactly without a journal")
+        if out.get("ackAt") == "journal" and not out.get("journalPath"):
+            raise OptionError("ackAt", "journal", "acks at the journal write need journalPath (a batch acked "
+                              "before its commit is replayed from the journal)")
+        if out["queueType"] == "stream" and out.get("ackAt"):
+            raise OptionError("ackAt", out["ackAt"], "applies to queue mode only: stream mode acks nothing")
         if out["queueType"] == "stream" and out.get("handoffPath"):
             raise OptionError("handoffPath", out["handoffPath"], "applies to queue mode only: in stream mode "
                               "the executors read the streams themselves")

@@ -119,6 +119,7 @@ class QueueConsumer:
         self.generation = 0         # connections opened so far (the current one's number)
         self.fresh_in: dict[str, int] = {}   # per queue: the last generation that delivered a message not redelivered
         self._taken_bytes = 0       # body bytes taken into batches so far (with `taken`: their mean size)
+        self.copies_dropped = 0     # journal: redelivered copies acked and left out of the rows (_drop_copies)
         self.prefetch = self.bounds().prefetch      # per queue, as the consumers run now: _fit_prefetch
 
     # --- session ---------------------------------------------------------------------------------
@@ -331,6 +332,7 @@ class QueueConsumer:
                     self.journal.release(key)   # comes back again, and is matched again
             else:
                 self.journal.acked_copies(claimed)
+                self.copies_dropped += len(claimed)
         return kept
 
     def _acks_taken(self, channel, queue: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -132,6 +133,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
         self._handoff: HandoffDir | None = None   # handoffPath (or handoff=auto in local mode): files here
         self._probe: LocalModeProbe | None = None  # handoff=auto: asking whether the executors share our JVM
+        # journalPath: ack each batch when its file is durable (ackAt=journal, the default), not at its commit
+        self._acks_at_journal = bool(options.get("journalPath")) and options.get("ackAt") != "commit"
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -175,6 +178,11 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
                 at += len(part.deliveries)
         self._journal.record(batch.seq, record_batch, keys, self._consumer.generation)
         self._built[batch.seq] = record_batch
+        if self._acks_at_journal:
+            # The file is durable: every later attempt of this batch is served from it, so the broker need
+            # hold its deliveries no longer. Batches are planned in order, so this acks every batch so far;
+            # the journal lets go of the file once the batch is committed and the broker answered the acks.
+            self._consumer.ack_through(batch.seq)
 
     def _ack_through(self, seq: int) -> None:
         """Driver: batches through `seq` are committed; ack them. With the journal, the broker's answer behind
@@ -340,12 +348,12 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         if record_batch is not None:
             log.info("AMQP source: batch %s re-planned: %d row(s) from the journal", seq, record_batch.num_rows)
             self._built[seq] = record_batch
-            self._replayed(record_batch.num_rows)
         return record_batch
 
     def _replayed(self, count: int) -> None:
-        """Driver: a batch of `count` rows was taken for a batch planned by an earlier run (from the broker's
-        redeliveries, or from the journal)."""
+        """Driver: a batch of `count` deliveries was taken from the broker's redeliveries for a batch
+        planned by an earlier run. (A batch served from the journal takes nothing from the broker: its
+        messages' redelivered copies, if any come, are counted as `QueueConsumer.copies_dropped`.)"""
 
     def commit(self, end: dict) -> None:
         """Driver. Spark finished the batch ending at `end`: the same signal latestOffset acted on."""
@@ -473,6 +481,7 @@ if ADMISSION_CONTROL:
         def __init__(self, options):
             super().__init__(options)
             self._available_now_left: int | None = None
+            self._copies_counted = 0       # consumer.copies_dropped already taken off _available_now_left
             self._barrier_done = False
 
         def getDefaultReadLimit(self):
@@ -483,7 +492,9 @@ if ADMISSION_CONTROL:
             """Driver, once at the start of an availableNow run (before any batch is taken): count what is
             there to drain. Counted before the consumers start, the count is exact: a count taken while the
             broker is pushing deliveries misses those on the wire, and the run would end that many short."""
-            self._available_now_left = self._session().ready_count()
+            consumer = self._session()
+            self._available_now_left = consumer.ready_count()
+            self._copies_counted = consumer.copies_dropped
             self._barrier_done = False
             log.info("AMQP source: availableNow run will read %s messages", self._available_now_left)
 
@@ -516,6 +527,7 @@ if ADMISSION_CONTROL:
                     return start
                 cap = min(cap, self._available_now_left)
                 batch = self._take_available_now(consumer, seq + 1, cap)
+                self._count_copies(consumer)
             else:
                 batch = consumer.take(seq + 1, cap)
             if not batch.count:
@@ -552,5 +564,14 @@ if ADMISSION_CONTROL:
         def _replayed(self, count: int) -> None:
             if self._available_now_left is not None:
                 self._available_now_left -= count   # counted at the start of the run
+
+        def _count_copies(self, consumer: QueueConsumer) -> None:
+            """Driver (journalPath, availableNow): the redelivered copies of journaled messages dropped since
+            the run's count were in that count and will never be in a batch: the run has that many fewer to
+            wait for. (Whether a journaled batch's messages come back depends on whether the broker took its
+            acks before the crash: with acks at the journal write, usually not.)"""
+            if self._available_now_left is not None:
+                self._available_now_left -= consumer.copies_dropped - self._copies_counted
+                self._copies_counted = consumer.copies_dropped
 else:
     QueueStreamReader = LegacyQueueStreamReader

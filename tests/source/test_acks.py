@@ -57,6 +57,40 @@ def test_batch_is_unacked_while_it_runs_and_acked_after_its_commit(spark, env, t
     query.stop()
 
 
+def test_with_a_journal_a_batch_is_acked_once_its_file_is_written_before_it_runs(spark, env, tmp_path):
+    """ackAt=journal, journalPath's default: while batch N runs, the broker holds only the messages of later
+    batches (N's own were acked when its journal file was durable); with ackAt=commit, N's too."""
+    total = 30
+    for ack_at in ("journal", "commit"):
+        q = env.queue(f"ackat{ack_at}")
+        env.publish(q, [f"m{i}" for i in range(total)])
+        counts: dict[int, int] = {}
+
+        def probe(batch_id, rows):
+            counts[batch_id] = len(rows)
+            acked = sum(n for b, n in counts.items() if b < batch_id or (ack_at == "journal" and b == batch_id))
+            expected = total - acked
+            deadline = time.monotonic() + 5
+            while True:
+                ready, unacked = env.state(q)
+                if ready + unacked == expected or time.monotonic() > deadline:
+                    return expected, ready + unacked
+
+        sink = Collector(probe)
+        query = (stream(spark, env.url, q, maxMessagesPerTrigger=10, journalPath=str(tmp_path / f"j-{ack_at}"),
+                        **({"ackAt": "commit"} if ack_at == "commit" else {}))
+                 .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path, ack_at))
+                 .trigger(processingTime="200 milliseconds").start())
+        wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, interval=0.1, message="all rows")
+        query.stop()
+        assert query.exception() is None
+        assert sorted(sink.bodies()) == sorted(f"m{i}".encode() for i in range(total))
+        assert len([b for b in sink.batches if sink.batches[b]]) >= 3
+        for batch_id, (expected, held) in sorted(sink.probes.items()):
+            assert held == expected, (f"ackAt={ack_at}, batch {batch_id}: the broker held {held} messages "
+                                      f"while it ran; expected {expected}")
+
+
 def test_idle_stream_acks_its_last_batch_while_the_query_runs(spark, env, tmp_path):
     q = env.queue("idle")
     env.publish(q, [f"i{i}" for i in range(6)])

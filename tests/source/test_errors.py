@@ -64,10 +64,13 @@ def _secret_free(text: str) -> None:
     ({"queueType": "stream", "handoffPath": "/tmp/h"}, ["'handoffPath'", "/tmp/h", "queue mode only"]),
     ({"handoff": "files"}, ["'handoff'", "files", "auto", "inline"]),
     ({"handoff": "inline", "handoffPath": "/tmp/h"}, ["'handoff'", "inline", "handoffPath", "/tmp/h"]),
+    ({"ackAt": "journal"}, ["'ackAt'", "journal", "journalPath"]),
+    ({"ackAt": "read", "journalPath": "/tmp/j"}, ["'ackAt'", "read", "journal", "commit"]),
 ], ids=["unknown", "uri-scheme", "uri-port", "prefetch-negative", "prefetch-zero", "maxMessagesPerTrigger",
         "startingOffsets-queue-mode", "startingOffsets-bad", "startingOffsets-unknown-stream", "queueType-unknown",
         "declare", "queueArguments", "bindingKeys-without-exchange", "queue-missing", "queue-twice",
-        "maxBytesPerTrigger", "handoffPath-stream-mode", "handoff-unknown", "handoff-inline-with-handoffPath"])
+        "maxBytesPerTrigger", "handoffPath-stream-mode", "handoff-unknown", "handoff-inline-with-handoffPath",
+        "ackAt-without-journalPath", "ackAt-unknown"])
 def test_bad_option_fails_at_start_naming_it(spark, secret_broker, tmp_path, options, must_mention):
     opts = {"uri": secret_broker.secret_url, "queue": "events", **options}
     opts = {k: v for k, v in opts.items() if v is not None}
