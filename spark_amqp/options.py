@@ -229,6 +229,19 @@ OPTIONS = (
            "across a trigger, so RabbitMQ's `consumer_timeout` cannot fire, and a restart replays the "
            "batch from the journal. `commit` (the default, and the only choice, without `journalPath`): "
            "once Spark has committed the batch."),
+    Option("onConsumerTimeout", "source", "fail", _choice("fail", "continue"),
+           "Queue mode, without `journalPath`: what the query does when the broker times out its consumer "
+           "(RabbitMQ's consumer timeout: a delivery held unacked longer than it allows, as when a trigger "
+           "interval plus a batch's run time exceeds it). `fail` (default) stops the query with the cause "
+           "and the fixes: the messages the broker takes back were already read, and going on would read "
+           "them again. `continue` logs the same once and reads them again. With `journalPath` the query "
+           "always goes on: the copies are dropped."),
+    Option("consumerTimeout", "source", None, _positive_int,
+           "Queue mode: milliseconds RabbitMQ 4.x lets this query's consumers hold a delivery of a quorum "
+           "queue unacked (consumer argument `x-consumer-timeout`, which takes precedence over the queue's "
+           "argument, its policy and the broker's `consumer_timeout`). Set it above the trigger interval "
+           "plus the longest batch's run time when the broker's timeout is shorter. RabbitMQ 3.x ignores "
+           "it; RabbitMQ 4.x refuses it on a classic queue (whose consumers it never times out)."),
     Option("handoffPath", "source", None, _text,
            "Queue mode: directory every executor can read (any local path in local mode, else a shared "
            "filesystem URI such as `hdfs://` or `s3://`) where the driver writes each micro-batch's "
@@ -393,8 +406,9 @@ def parse(options, role: str) -> Options:
         if out.get("ackAt") == "journal" and not out.get("journalPath"):
             raise OptionError("ackAt", "journal", "acks at the journal write need journalPath (a batch acked "
                               "before its commit is replayed from the journal)")
-        if out["queueType"] == "stream" and out.get("ackAt"):
-            raise OptionError("ackAt", out["ackAt"], "applies to queue mode only: stream mode acks nothing")
+        for name in ("ackAt", "consumerTimeout"):
+            if out["queueType"] == "stream" and out.get(name):
+                raise OptionError(name, out[name], "applies to queue mode only: stream mode acks nothing")
         if out["queueType"] == "stream" and out.get("handoffPath"):
             raise OptionError("handoffPath", out["handoffPath"], "applies to queue mode only: in stream mode "
                               "the executors read the streams themselves")

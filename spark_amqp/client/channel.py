@@ -110,6 +110,18 @@ class Channel:
     def is_open(self) -> bool:
         return self._opened and self._error is None
 
+    @property
+    def cancelled_by_broker(self) -> bool:
+        """The broker has cancelled a consumer of this channel (basic.cancel), not yet reported by
+        `get_deliveries`."""
+        return bool(self._broker_cancelled)
+
+    @property
+    def closed_by(self) -> AMQPError | None:
+        """Why the channel closed (the broker's channel.close as ChannelClosedError, a lost connection, or
+        our own close), None while it is open."""
+        return self._error
+
     def close(self, timeout: float | None = None) -> None:
         """Close cleanly (channel.close 200 / close-ok); idempotent; unacked deliveries are requeued
         by the broker."""

@@ -38,6 +38,30 @@ class QueueMissingError(SourceError):
     retrying would run empty batches for ever (a deleted queue, or a broker restarted without it)."""
 
 
+class OptionRefusedError(SourceError):
+    """The broker refused what an option asked of a consumer (`consumerTimeout` on a queue type without
+    consumer timeouts). At the start and after a reconnect alike this fails the query."""
+
+
+@dataclass
+class ConsumerTimeout:
+    """The broker timed out a consumer of `queue` (a delivery stayed unacked longer than it allows):
+    `returned` deliveries this query had received went back to the queue with it."""
+    queue: str
+    cause: str
+    returned: int
+
+
+def consumer_timeout_cause(error) -> str | None:
+    """The broker's own words if `error` (why a channel closed) is RabbitMQ's consumer timeout: channel.close
+    406 "delivery acknowledgement on channel N timed out" (RabbitMQ 3.x; 4.x for a client without
+    consumer_cancel_notify), else None."""
+    if (isinstance(error, ChannelClosedError) and error.reply_code == 406
+            and "delivery acknowledgement" in error.reply_text and "timed out" in error.reply_text):
+        return f"{error.reply_code} {error.reply_text}"
+    return None
+
+
 @dataclass
 class QueueState:
     """One queue and the channels consuming it (one per bounds.PREFETCH_MAX of prefetch)."""
@@ -120,6 +144,7 @@ class QueueConsumer:
         self.fresh_in: dict[str, int] = {}   # per queue: the last generation that delivered a message not redelivered
         self._taken_bytes = 0       # body bytes taken into batches so far (with `taken`: their mean size)
         self.copies_dropped = 0     # journal: redelivered copies acked and left out of the rows (_drop_copies)
+        self.timeouts: list[ConsumerTimeout] = []   # the broker's consumer timeouts not yet reported
         self.prefetch = self.bounds().prefetch      # per queue, as the consumers run now: _fit_prefetch
 
     # --- session ---------------------------------------------------------------------------------
@@ -202,8 +227,18 @@ class QueueConsumer:
         # read (three such waits held the first batch after the sized start back by 0.27 s, py-spy).
         for ch in q.channels:
             ch.basic_qos(share)
+        timeout = self.options.get("consumerTimeout")
+        arguments = {"x-consumer-timeout": timeout} if timeout else None
         for ch in q.channels:
-            ch.basic_consume(q.name, nowait=nowait)
+            try:
+                ch.basic_consume(q.name, arguments=arguments, nowait=nowait)
+            except ChannelClosedError as exc:
+                if arguments and exc.reply_code == 406 and "x-consumer-timeout" in exc.reply_text:
+                    raise OptionRefusedError(
+                        f"option 'consumerTimeout': got {timeout}; the broker refused it for queue {q.name!r} "
+                        f"({exc.reply_text}): RabbitMQ 4.x times out consumers of quorum queues only, and "
+                        "a classic queue's never, so leave the option unset for this queue") from None
+                raise
 
     def start_consuming(self) -> None:
         """Start the consumers (once; a reconnect restarts them by itself)."""
@@ -224,12 +259,14 @@ class QueueConsumer:
         now = time.monotonic()
         if now < self._next_attempt:
             return False
+        for q in self.queues:
+            self._note_closed(q)
         # A connection being replaced is broken: waiting for its close-ok (up to 5 s, and 5 s more for its
         # reader thread) would stall the trigger whenever the peer takes our bytes and never answers.
         self.close(timeout=ABANDON_TIMEOUT)
         try:
             self.connect(consume=self.consuming)
-        except QueueMissingError:
+        except (QueueMissingError, OptionRefusedError):
             raise
         except (SourceError, AMQPError, OSError) as exc:
             delay = RECONNECT_BACKOFF[min(self._failures, len(RECONNECT_BACKOFF) - 1)]
@@ -252,6 +289,15 @@ class QueueConsumer:
                     released += ch.release_pending(timeout)
                 except (AMQPError, OSError, TimeoutError):
                     pass
+        return released
+
+    def pause(self) -> int:
+        """Driver, between triggers far apart: stop the consumers and hand back what they sent that no batch
+        has taken (`release_held`), so that nothing waits unacked here until the next trigger, nearer the
+        broker's consumer timeout; the next `start_consuming()` starts them again. Returns how many went
+        back."""
+        released = self.release_held()
+        self.consuming = False
         return released
 
     def close(self, timeout: float = 5.0) -> None:
@@ -285,7 +331,13 @@ class QueueConsumer:
                     timeout = max(0.0, deadline - time.monotonic()) if not batch.parts else 0.0
                     got = ch.get_deliveries(remaining, timeout=timeout / len(channels), max_bytes=bytes_left)
                 except ConsumerCancelledError:
-                    log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting", q.name)
+                    if self._queue_exists(ch, q.name):
+                        # RabbitMQ 4.x cancels (basic.cancel) a quorum queue's consumer at its timeout
+                        self._timed_out(q, "the broker cancelled the consumer while the queue exists "
+                                           "(RabbitMQ 4.x does so at a quorum queue's consumer timeout)")
+                    else:
+                        log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting",
+                                    q.name)
                     self._drop(q)
                     continue
                 except AMQPError as exc:
@@ -412,8 +464,49 @@ class QueueConsumer:
                 last, last_change = current, time.monotonic()
         return last
 
+    @staticmethod
+    def _queue_exists(channel, queue: str) -> bool:
+        """Driver: whether `queue` is still there (a passive declare on `channel`, which a 404 closes)."""
+        try:
+            channel.queue_declare(queue, passive=True)
+            return True
+        except AMQPError:
+            return False
+
+    def _timed_out(self, q: QueueState, cause: str) -> None:
+        """Driver: the broker timed out a consumer of `q`; everything this query holds unacked from `q`
+        (deliveries in planned batches and received ones) goes back to the queue as the channels are
+        dropped. Recorded in `timeouts` for the reader to report (it decides whether the query fails)."""
+        in_batches = sum(len(part.deliveries) for batch in self.batches.values() for part in batch.parts
+                         if part.queue == q.name and part.channel in q.channels)
+        held = sum(ch.pending_deliveries for ch in q.channels)
+        self.timeouts.append(ConsumerTimeout(q.name, cause, in_batches + held))
+
+    def check_timeouts(self) -> None:
+        """Driver, as a trigger starts, before any ack: a queue whose consumer the broker has timed out since
+        (a channel closed with RabbitMQ 3.x's 406, or on 4.x a consumer cancelled while its queue exists) is
+        recorded in `timeouts` and its channels dropped, so that nothing is acked or taken on them (RabbitMQ
+        4.x has already put the timed-out deliveries back: acking them would close the channel with 406
+        "unknown delivery tag", and reading on would take their copies silently)."""
+        for q in self.queues:
+            if any(ch.cancelled_by_broker for ch in q.channels) and q.channel.is_open \
+                    and self._queue_exists(q.channel, q.name):
+                self._timed_out(q, "the broker cancelled the consumer while the queue exists (RabbitMQ 4.x "
+                                   "does so at a quorum queue's consumer timeout)")
+                self._drop(q)
+            elif any(consumer_timeout_cause(ch.closed_by) for ch in q.channels):
+                self._drop(q)       # notes the timeout
+
+    def _note_closed(self, q: QueueState) -> None:
+        """Driver, before `q`'s channels are forgotten: the broker's consumer timeout, if that is why one of
+        them closed, is recorded (`_timed_out`)."""
+        cause = next(filter(None, (consumer_timeout_cause(ch.closed_by) for ch in q.channels)), None)
+        if cause is not None:
+            self._timed_out(q, cause)
+
     def _drop(self, q: QueueState) -> None:
         """Forget a queue's channels (the next call reconnects everything)."""
+        self._note_closed(q)
         for ch in q.channels:
             try:
                 if ch.is_open:

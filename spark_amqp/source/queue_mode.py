@@ -33,7 +33,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from .. import gc_tuning
 from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
 from . import arrow_rows
-from .consumer import Batch, QueueConsumer, let_go_bodies, put_back_bodies
+from .consumer import Batch, ConsumerTimeout, QueueConsumer, SourceError, let_go_bodies, put_back_bodies
 from .handoff import FilePartition, HandoffDir, LocalModeProbe, answer_probe, read_file
 from .journal import BatchJournal, batch_keys
 
@@ -72,6 +72,36 @@ FILL_WAIT = 1.0
 # count is in, so the wait costs a drain nothing.
 AVAILABLE_NOW_FILL = 5.0
 AVAILABLE_NOW_IDLE = 0.5
+# Seconds between two triggers from which the source stops its consumers after planning a batch and
+# starts them again at the next trigger (each batch then waits to fill, as an availableNow batch does):
+# deliveries that arrive between triggers far apart would otherwise wait unacked here for a whole interval
+# before their batch, and one more before its commit's ack, nearer the broker's consumer timeout.
+PAUSE_BETWEEN_TRIGGERS = 10.0
+
+
+class ConsumerTimeoutError(SourceError):
+    """The broker timed out this query's consumer, and without a journal the messages it took back would be
+    read again (onConsumerTimeout=fail, the default)."""
+
+
+def consumer_timeout_report(events: list[ConsumerTimeout], journal: bool) -> str:
+    """What the query says when the broker timed out its consumers: the cause, what came back, the fixes."""
+    queues = ", ".join(sorted({e.queue for e in events}))
+    returned = sum(e.returned for e in events)
+    head = (f"AMQP source: the broker timed out this query's consumer on {queues} ({events[-1].cause}): a "
+            f"delivery stayed unacked longer than the broker's consumer timeout allows, and {returned} "
+            "message(s) this query had received went back to the queue. ")
+    if journal:
+        return head + ("Those of batches already journaled are dropped when they come back (journalPath); "
+                       "the rest are read once.")
+    return head + (
+        "Those in batches Spark has already run will be read again. The source acks a batch at the first "
+        "trigger after its commit, so a trigger interval plus a batch's run time longer than the timeout "
+        "causes this. Fixes: set journalPath (each batch is acked as soon as its journal file is written, "
+        "and redelivered copies are dropped); or a trigger interval well under the timeout; or a longer "
+        "timeout: consumer_timeout in rabbitmq.conf, or on RabbitMQ 4.x quorum queues the option "
+        "consumerTimeout (or the queue argument x-consumer-timeout, or a policy's consumer-timeout). "
+        "onConsumerTimeout=continue keeps the query running and reads those messages again.")
 
 
 def wait_to_fill(consumer: QueueConsumer, cap: int) -> None:
@@ -135,6 +165,10 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._probe: LocalModeProbe | None = None  # handoff=auto: asking whether the executors share our JVM
         # journalPath: ack each batch when its file is durable (ackAt=journal, the default), not at its commit
         self._acks_at_journal = bool(options.get("journalPath")) and options.get("ackAt") != "commit"
+        self._asked_at: float | None = None   # when latestOffset was last called (time.monotonic)
+        self._triggers_far_apart = False       # the last two were PAUSE_BETWEEN_TRIGGERS or more apart
+        self._timeouts_reported = 0            # consumer timeouts logged so far (the first in full)
+        self._timeouts_returned = 0            # messages those timeouts sent back to the queues
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -184,6 +218,55 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
             # the journal lets go of the file once the batch is committed and the broker answered the acks.
             self._consumer.ack_through(batch.seq)
 
+    def _trigger_starts(self) -> None:
+        """Driver, as latestOffset starts, before any ack: report the broker's consumer timeouts since the
+        last trigger (`_report_timeouts`: the query may fail here), and note whether triggers come
+        PAUSE_BETWEEN_TRIGGERS or more apart."""
+        consumer = self._session()
+        consumer.check_timeouts()
+        self._report_timeouts(consumer)
+        now = time.monotonic()
+        self._triggers_far_apart = self._asked_at is not None and now - self._asked_at >= PAUSE_BETWEEN_TRIGGERS
+        self._asked_at = now
+
+    def _resume(self, consumer: QueueConsumer, cap: int) -> None:
+        """Driver: consumers stopped between triggers far apart start again, and the batch waits to fill."""
+        if self._triggers_far_apart and not consumer.consuming:
+            consumer.start_consuming()
+            wait_to_fill(consumer, cap)
+
+    def _trigger_ends(self, available_now: bool = False) -> None:
+        """Driver, as latestOffset returns: report the broker's consumer timeouts (`_report_timeouts`), and
+        between triggers far apart stop the consumers until the next one (`QueueConsumer.pause`)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        self._report_timeouts(consumer)
+        if self._triggers_far_apart and consumer.consuming and not available_now:
+            released = consumer.pause()
+            log.info("AMQP source: triggers come %.0f s or more apart: consumers paused until the next one "
+                     "(%d delivery(ies) handed back)", PAUSE_BETWEEN_TRIGGERS, released)
+
+    def _report_timeouts(self, consumer: QueueConsumer) -> None:
+        """Driver: the broker timed out a consumer (RabbitMQ's consumer timeout). Without a journal and with
+        onConsumerTimeout=fail (the default) the query fails, saying why and what fixes it: going on would
+        read again, silently, messages already read, and again at every trigger while the interval stays
+        too long. Otherwise the report is logged (in full the first time) and the query goes on."""
+        events, consumer.timeouts = consumer.timeouts, []
+        if not events:
+            return
+        report = consumer_timeout_report(events, journal=self._journal is not None)
+        if self._journal is None and self.options.get("onConsumerTimeout", "fail") == "fail":
+            raise ConsumerTimeoutError(report)
+        if self._timeouts_reported:
+            log.warning("AMQP source: the broker timed out this query's consumer again (%d time(s) so far): "
+                        "%d message(s) went back to the queue", self._timeouts_reported + len(events),
+                        sum(e.returned for e in events))
+        else:
+            log.warning("%s", report)
+        self._timeouts_reported += len(events)
+        self._timeouts_returned += sum(e.returned for e in events)
+
     def _ack_through(self, seq: int) -> None:
         """Driver: batches through `seq` are committed; ack them. With the journal, the broker's answer behind
         the acks is taken at the next call (`QueueConsumer.confirm_acks`; at once if not
@@ -218,14 +301,19 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
     def reportLatestOffset(self) -> dict | None:
         """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
         `latestOffset`: the last batch planned and, per queue, the backlog (`ready` in the broker,
-        `unacked`: delivered to this query and not yet acked, `held`: received, not yet in a batch)."""
+        `unacked`: delivered to this query and not yet acked, `held`: received, not yet in a batch), and
+        once the broker has timed out a consumer, `consumerTimeouts`: how many times and how many messages
+        went back to the queues with them."""
         if self._consumer is None:
             return None
         now = time.monotonic()
         ask = self._idle or now - self._backlog_asked >= BACKLOG_REFRESH
         if ask:
             self._backlog_asked = now
-        return {"seq": self._latest, "queues": self._consumer.backlog(ask_broker=ask)}
+        report = {"seq": self._latest, "queues": self._consumer.backlog(ask_broker=ask)}
+        if self._timeouts_reported:
+            report["consumerTimeouts"] = {"count": self._timeouts_reported, "returned": self._timeouts_returned}
+        return report
 
     def _batch_partitions(self, seq: int) -> list:
         """Driver. Batch `seq` as Arrow partitions. A batch this process never planned was planned by a run
@@ -422,6 +510,7 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
         """Driver, every trigger. Acks what earlier triggers ran, then plans the next batch from what has
         arrived; returns the last batch's offset when there is nothing new."""
         consumer = self._session()
+        self._trigger_starts()
         self._ack_through(self._handed)
         planned = [s for s in consumer.batches if s > self._handed]
         if self._journal is not None:
@@ -434,8 +523,9 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
             seq = max(int(time.time() * 1000), (self._known or 0) + 1)
             cap = self._batch_cap(self.options.get("maxMessagesPerTrigger"))
             if not consumer.consuming:
-                # The first batch of a run: let the deliveries the consumers start now fill it, for an
-                # availableNow run (one batch on these versions) reads this batch and no other.
+                # The first batch of a run (or after a pause between triggers far apart): let the
+                # deliveries the consumers start now fill it, for an availableNow run (one batch on these
+                # versions) reads this batch and no other.
                 consumer.start_consuming()
                 consumer.wait_pending(cap, FILL_WAIT)
             batch = consumer.take(seq, cap)
@@ -448,6 +538,7 @@ class LegacyQueueStreamReader(_QueueStreamReaderBase):
         self._idle = end == self._latest
         self._known = max(self._known or 0, end)
         self._latest = max(self._latest, end)
+        self._trigger_ends()
         return {"seq": end}
 
     def partitions(self, start: dict, end: dict):
@@ -501,9 +592,11 @@ if ADMISSION_CONTROL:
         def latestOffset(self, start: dict, limit) -> dict:
             """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
             has arrived; returns `start` when there is nothing new."""
+            self._trigger_starts()
             end = self._latest_offset(start, limit)
             self._idle = end == start
             self._latest = max(self._latest, int(end["seq"]))
+            self._trigger_ends(available_now=self._available_now_left is not None)
             return end
 
         def _latest_offset(self, start: dict, limit) -> dict:
@@ -529,6 +622,7 @@ if ADMISSION_CONTROL:
                 batch = self._take_available_now(consumer, seq + 1, cap)
                 self._count_copies(consumer)
             else:
+                self._resume(consumer, cap)
                 batch = consumer.take(seq + 1, cap)
             if not batch.count:
                 consumer.batches.pop(seq + 1, None)

@@ -9,16 +9,20 @@ Every Spark query a test starts is stopped after it, so a failing test does not 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pika
+import pika.exceptions
 import psutil
 import pytest
 
@@ -227,6 +231,46 @@ class Collector:
 
     def bodies(self) -> list[bytes]:
         return [bytes(r.body) for r in self.rows]
+
+
+class ConfirmedPublisher(threading.Thread):
+    """Publishes ids p0.. persistent, each once, waiting for its confirm, `pause` s apart, until `total` or
+    `stop()`; through a broker restart it reconnects and goes on with the next id (an id whose confirm never
+    came may or may not be there)."""
+
+    def __init__(self, url: str, queue: str, total: int, pause: float):
+        super().__init__(daemon=True)
+        self.url, self.queue, self.total, self.pause = url, queue, total, pause
+        self.confirmed: list[int] = []
+        self.unsure: list[int] = []
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(30)
+
+    def run(self):
+        i, ch = 0, None
+        deadline = time.monotonic() + 120
+        while i < self.total and time.monotonic() < deadline and not self._stopping.is_set():
+            try:
+                if ch is None:
+                    ch = pika.BlockingConnection(pika.URLParameters(self.url)).channel()
+                    ch.confirm_delivery()
+                ch.basic_publish("", self.queue, f"p{i}".encode(), pika.BasicProperties(delivery_mode=2))
+                self.confirmed.append(i)
+                time.sleep(self.pause)
+            except pika.exceptions.AMQPError:
+                if ch is not None:
+                    self.unsure.append(i)
+                    ch = None
+                    i += 1
+                time.sleep(0.2)
+                continue
+            i += 1
+        if ch is not None:
+            with contextlib.suppress(Exception):
+                ch.connection.close()
 
 
 def stream(spark, url: str, queue: str, **options):

@@ -25,12 +25,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pika
-import pika.exceptions
 import psutil
 import pytest
 
 from brokers import RABBITMQ_URL, DataDirBroker, require_rabbitmq
-from source_helpers import (Collector, Env, checkpoint, drop_killed_log_writes, job_batches, job_spec, kill_group,
+from source_helpers import (Collector, ConfirmedPublisher, Env, checkpoint, drop_killed_log_writes, job_batches, job_spec, kill_group,
                             start_job, stream)
 from spark_amqp.options import parse
 from spark_amqp.pyspark_versions import ADMISSION_CONTROL
@@ -173,37 +172,6 @@ def test_connection_cut_three_times_with_a_journal_loses_and_duplicates_nothing(
     lost, duplicated = _count(sink.bodies(), total, "r")
     assert not lost and not duplicated, f"lost {lost}, duplicated {duplicated}"
     query.stop()
-
-
-class ConfirmedPublisher(threading.Thread):
-    """Publishes ids p0.. persistent, each once, waiting for its confirm; through a broker restart it
-    reconnects and goes on with the next id (an id whose confirm never came may or may not be there)."""
-
-    def __init__(self, url: str, queue: str, total: int, pause: float):
-        super().__init__(daemon=True)
-        self.url, self.queue, self.total, self.pause = url, queue, total, pause
-        self.confirmed: list[int] = []
-        self.unsure: list[int] = []
-
-    def run(self):
-        i, ch = 0, None
-        deadline = time.monotonic() + 120
-        while i < self.total and time.monotonic() < deadline:
-            try:
-                if ch is None:
-                    ch = pika.BlockingConnection(pika.URLParameters(self.url)).channel()
-                    ch.confirm_delivery()
-                ch.basic_publish("", self.queue, f"p{i}".encode(), pika.BasicProperties(delivery_mode=2))
-                self.confirmed.append(i)
-                time.sleep(self.pause)
-            except pika.exceptions.AMQPError:
-                if ch is not None:
-                    self.unsure.append(i)
-                    ch = None
-                    i += 1
-                time.sleep(0.2)
-                continue
-            i += 1
 
 
 def test_broker_killed_under_a_running_query_with_a_journal(spark, tmp_path):
