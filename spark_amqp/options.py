@@ -225,10 +225,10 @@ OPTIONS = (
            "of its messages are acked and dropped: exactly-once with an idempotent sink. One per query."),
     Option("ackAt", "source", None, _choice("journal", "commit"),
            "Queue mode: when a batch's deliveries are acked. `journal` (the default with `journalPath`): as "
-           "soon as the batch's journal file is durable, before Spark runs it; the broker holds nothing "
-           "across a trigger, so RabbitMQ's `consumer_timeout` cannot fire, and a restart replays the "
-           "batch from the journal. `commit` (the default, and the only choice, without `journalPath`): "
-           "once Spark has committed the batch."),
+           "soon as the batch's journal file is durable, before Spark runs it, so however long a batch "
+           "runs it does not meet RabbitMQ's consumer timeout, and a restart replays the batch from the "
+           "journal. `commit` (the default, and the only choice, without `journalPath`): once Spark has "
+           "committed the batch."),
     Option("onConsumerTimeout", "source", "fail", _choice("fail", "continue"),
            "Queue mode, without `journalPath`: what the query does when the broker times out its consumer "
            "(RabbitMQ's consumer timeout: a delivery held unacked longer than it allows, as when a trigger "
