@@ -121,10 +121,21 @@ class ArrowPartition(InputPartition):
         self.probe = probe
 
 
+# How long a SIGTERM waits for the reader's stop() before the process ends anyway.
+STOP_ON_SIGTERM_TIMEOUT = 5.0
+
+
 def _stop_on_sigterm(reader) -> None:
     """Driver (Spark's Python source runner, in its main thread). Spark ends the runner with SIGTERM when a
     query stops or fails, without the reader's stop() (measured: stop() never ran after a failed batch);
-    here SIGTERM first stops the reader, then ends the process as SIGTERM does."""
+    here SIGTERM first stops the reader, then ends the process as SIGTERM does. The stop runs in a thread
+    of its own, for at most STOP_ON_SIGTERM_TIMEOUT: the signal may have interrupted the main thread
+    holding a lock the stop needs (a socket write in progress), and the process must end regardless.
+
+    When the query stops normally, Spark closes the runner's socket and the runner calls stop() itself (in
+    its `finally`) while the SIGTERM comes: a stop already running (`reader.stopping`) is left to finish,
+    and the runner then exits on its own. (A second stop beside it waited on the first one's locks until
+    the timeout, and the kill closed the connection with the batch's deliveries still unacked.)"""
     import signal
     import threading
 
@@ -134,14 +145,14 @@ def _stop_on_sigterm(reader) -> None:
     stopping = []
 
     def on_sigterm(signum, frame):
-        if stopping:        # Spark may send it twice: a nested stop() would end the process mid-release
+        if stopping or reader.stopping:     # Spark may send it twice; the runner may be stopping already
             return
         stopping.append(True)
-        try:
-            reader.stop()
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        stopper = threading.Thread(target=reader.stop, name="spark-amqp stop on SIGTERM", daemon=True)
+        stopper.start()
+        stopper.join(STOP_ON_SIGTERM_TIMEOUT)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -169,6 +180,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._triggers_far_apart = False       # the last two were PAUSE_BETWEEN_TRIGGERS or more apart
         self._timeouts_reported = 0            # consumer timeouts logged so far (the first in full)
         self._timeouts_returned = 0            # messages those timeouts sent back to the queues
+        self.stopping = False                  # stop() has started (see _stop_on_sigterm)
 
     def __getstate__(self):
         """Executors get the options only: the consumer (a socket) stays on the driver."""
@@ -452,6 +464,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         """Driver, when the query stops. Unacked deliveries go back to the queue (redelivered=true): first
         those in no batch (uncounted by a quorum queue's delivery limit on RabbitMQ 4.x), then, as the
         connection closes, those of batches planned and not committed (counted)."""
+        self.stopping = True
         if self._handoff is not None:        # first: Spark may end this process soon after calling stop
             self._handoff.close()
             self._handoff = None
