@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from spark_amqp.pyspark_versions import ADMISSION_CONTROL   # PySpark >= 4.2
 
 from source_helpers import Collector, checkpoint, run_available_now, stream
