@@ -89,14 +89,13 @@ def test_a_trigger_longer_than_the_timeout_fails_the_query_saying_why(spark, tim
     assert env.channel().queue_declare(q, passive=True).method.message_count == 0
 
 
-def test_with_a_journal_a_timeout_costs_nothing(spark, timing_out, tmp_path):
-    """With journalPath each batch is acked at its journal write; what the broker still takes back (received
-    between triggers) is read once: the query goes on, nothing lost, nothing twice."""
-    env, q = timing_out
+def _read_while_publishing(spark, env, q, tmp_path, **options):
+    """A 7 s-trigger query over `q` while the publisher adds 20 messages/s, until three batches with rows
+    and every confirmed message are in; returns (query, ids read and how often) with the query running."""
     publisher = ConfirmedPublisher(env.url, q, total=10_000, pause=0.05)
     publisher.start()
     sink = Collector()
-    query = (stream(spark, env.url, q, journalPath=str(tmp_path / "journal")).writeStream.foreachBatch(sink)
+    query = (stream(spark, env.url, q, **options).writeStream.foreachBatch(sink)
              .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime=TRIGGER).start())
     try:
         wait_until(lambda: len([b for b in sink.batches.values() if b]) >= 3 or query.exception(), 90,
@@ -107,10 +106,17 @@ def test_with_a_journal_a_timeout_costs_nothing(spark, timing_out, tmp_path):
     wait_until(lambda: confirmed <= set(_ids(sink.bodies())) or query.exception(), 60, interval=0.2,
                message="every published message")
     assert query.exception() is None, query.exception()
+    return query, _ids(sink.bodies())
+
+
+def test_with_a_journal_a_timeout_costs_nothing(spark, timing_out, tmp_path):
+    """With journalPath each batch is acked at its journal write; what the broker still takes back (received
+    between triggers) is read once: the query goes on, nothing lost, nothing twice."""
+    env, q = timing_out
+    query, seen = _read_while_publishing(spark, env, q, tmp_path, journalPath=str(tmp_path / "journal"))
     if ADMISSION_CONTROL:
         assert _timeouts_in_progress(query) >= 1, "the broker never timed the consumer out: nothing was tested"
     query.stop()
-    seen = _ids(sink.bodies())
     assert max(seen.values()) == 1, f"read twice: {[i for i, n in seen.items() if n > 1][:10]}"
 
 
@@ -120,21 +126,10 @@ def test_consumer_timeout_option_outlasts_a_quorum_queues_timeout_on_rabbitmq_4(
     env = Env(require_rabbitmq("4.3"), "rabbitmq4", None, unique_name, version="4.3")
     try:
         q = env.quorum_queue("timeout", **{"x-consumer-timeout": TIMEOUT_MS})
-        publisher = ConfirmedPublisher(env.url, q, total=10_000, pause=0.05)
-        publisher.start()
-        sink = Collector()
-        query = (stream(spark, env.url, q, consumerTimeout=120_000).writeStream.foreachBatch(sink)
-                 .option("checkpointLocation", checkpoint(tmp_path)).trigger(processingTime=TRIGGER).start())
-        try:
-            wait_until(lambda: len([b for b in sink.batches.values() if b]) >= 3 or query.exception(), 90,
-                       interval=0.2, message="three batches with rows")
-        finally:
-            publisher.stop()
-        assert query.exception() is None, query.exception()
+        query, seen = _read_while_publishing(spark, env, q, tmp_path, consumerTimeout=120_000)
         if ADMISSION_CONTROL:
             assert _timeouts_in_progress(query) == 0
         query.stop()
-        seen = _ids(sink.bodies())
         assert max(seen.values()) == 1, f"read twice: {[i for i, n in seen.items() if n > 1][:10]}"
     finally:
         env.cleanup()
