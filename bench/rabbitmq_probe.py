@@ -10,56 +10,96 @@ counters, per message drained:
 
 The schedulers' states are counted from `msacc:start/0` to the end, and the accounting is then stopped and
 its counters zeroed, so the node is left as it was. `rabbitmqctl` runs outside the CPU sampler's window (each call starts a VM of its
-own). Where it cannot run (no rabbitmqctl, no rights to the node's cookie), `QueueProbe` says so once and
-reports nothing.
+own).
+
+Each node is reached by its own rabbitmqctl: `node_ctl(url)` finds, among the host's `rabbitmqctl` (the
+RabbitMQ 3.10 node) and `../shared/rabbitmq4/ctl.sh` beside the repository (the RabbitMQ 4.3 node, as
+tests/brokers.py finds it), the one whose node listens for AMQP on the URL's port, or says why none does.
+Where a probe's calls fail during a run (no rights to the node's cookie, the node gone), `QueueProbe` says so
+once per node and reports nothing.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+from pathlib import Path
+from urllib.parse import urlparse
 
 STATES = ("emulator", "gc", "port", "check_io", "aux", "other")
-_warned = False
+# The rabbitmqctl commands that may reach a node on this machine: the host's, and the 4.3 reference node's.
+CTL_COMMANDS = (("rabbitmqctl",),
+                ("bash", str(Path(__file__).resolve().parents[2] / "shared" / "rabbitmq4" / "ctl.sh")))
+_warned: set[tuple[str, ...]] = set()
 
 
-def _eval(expression: str) -> str:
-    return subprocess.run(["rabbitmqctl", "eval", expression], capture_output=True, text=True, check=True,
+def _eval(ctl, expression: str) -> str:
+    return subprocess.run([*ctl, "eval", expression], capture_output=True, text=True, check=True,
                           timeout=60).stdout
 
 
-def _queue_reductions(queue: str) -> int:
-    out = _eval(f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>)), '
-                'element(2, erlang:process_info(amqqueue:get_pid(Q), reductions)).')
+def _failure(exc: Exception) -> str:
+    """What a failed rabbitmqctl call says: its last line on stderr if it wrote one."""
+    stderr = (getattr(exc, "stderr", None) or "").strip()
+    return stderr.splitlines()[-1] if stderr else str(exc)
+
+
+def node_ctl(url: str) -> tuple[tuple[str, ...] | None, str]:
+    """(the rabbitmqctl command whose node listens for AMQP on `url`'s port, "") or (None, why none)."""
+    port = urlparse(url).port or 5672
+    tried = []
+    for ctl in CTL_COMMANDS:
+        name = ctl[-1]
+        if shutil.which(ctl[0]) is None or (len(ctl) > 1 and not Path(name).exists()):
+            tried.append(f"{name}: not found")
+            continue
+        try:
+            out = _eval(ctl, "[element(6, L) || L <- rabbit_networking:node_listeners(node()), "
+                             "element(3, L) =:= amqp].")
+        except (OSError, subprocess.SubprocessError) as exc:
+            tried.append(f"{name}: {_failure(exc)}")
+            continue
+        ports = [int(p) for p in re.findall(r"\d+", out)]
+        if port in ports:
+            return ctl, ""
+        tried.append(f"{name}: its node listens on {', '.join(map(str, ports)) or 'no AMQP port'}")
+    return None, f"no rabbitmqctl reaches the node on port {port} ({'; '.join(tried)})"
+
+
+def _queue_reductions(ctl, queue: str) -> int:
+    out = _eval(ctl, f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>)), '
+                     'element(2, erlang:process_info(amqqueue:get_pid(Q), reductions)).')
     return int(out.strip())
 
 
-def _microstates() -> dict[str, int]:
+def _microstates(ctl) -> dict[str, int]:
     states = ", ".join(STATES)
-    out = _eval(f"[{{T, lists:sum([maps:get(T, C, 0) || #{{counters := C}} <- msacc:stats()])}} "
-                f"|| T <- [{states}]].")
+    out = _eval(ctl, f"[{{T, lists:sum([maps:get(T, C, 0) || #{{counters := C}} <- msacc:stats()])}} "
+                     f"|| T <- [{states}]].")
     return {k: int(v) for k, v in re.findall(r"\{(\w+),(\d+)\}", out)}
 
 
 class QueueProbe:
-    """`with QueueProbe(queue) as probe: drain()`, then `probe.describe(n)`: RabbitMQ's scheduler time by
-    state and the queue process's reductions, per message of the `n` drained (the default vhost)."""
+    """`with QueueProbe(queue, ctl) as probe: drain()`, then `probe.describe(n)`: RabbitMQ's scheduler time
+    by state and the queue process's reductions, per message of the `n` drained (the default vhost), on the
+    node `ctl` reaches (`node_ctl`; default: the host's rabbitmqctl)."""
 
-    def __init__(self, queue: str):
+    def __init__(self, queue: str, ctl=("rabbitmqctl",)):
         self.queue = queue
+        self.ctl = tuple(ctl)
         self.before: int | None = None
         self.states: dict[str, int] = {}
         self.reductions = 0
 
     def __enter__(self):
-        global _warned
         try:
-            self.before = _queue_reductions(self.queue)
-            _eval("msacc:start(), msacc:reset(), ok.")
+            self.before = _queue_reductions(self.ctl, self.queue)
+            _eval(self.ctl, "msacc:start(), msacc:reset(), ok.")
         except (OSError, subprocess.SubprocessError) as exc:
-            if not _warned:
-                print(f"  (no RabbitMQ microstates: rabbitmqctl eval failed: {exc})")
-                _warned = True
+            if self.ctl not in _warned:
+                print(f"  (no RabbitMQ microstates: {' '.join(self.ctl)} eval failed: {_failure(exc)})")
+                _warned.add(self.ctl)
             self.before = None
         return self
 
@@ -67,13 +107,13 @@ class QueueProbe:
         if self.before is None:
             return
         try:
-            self.states = _microstates()
-            self.reductions = _queue_reductions(self.queue) - self.before
+            self.states = _microstates(self.ctl)
+            self.reductions = _queue_reductions(self.ctl, self.queue) - self.before
         except (OSError, subprocess.SubprocessError):
             self.states = {}
         finally:
             try:
-                _eval("msacc:stop(), msacc:reset(), ok.")
+                _eval(self.ctl, "msacc:stop(), msacc:reset(), ok.")
             except (OSError, subprocess.SubprocessError):
                 pass
 

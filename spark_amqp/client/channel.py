@@ -361,6 +361,12 @@ class Channel:
         """Deliveries received and not yet taken by get_deliveries."""
         return len(self._deliveries)
 
+    @property
+    def pending_body_bytes(self) -> int:
+        """The bodies' bytes of the deliveries received and not yet taken."""
+        with self._cond:
+            return sum(len(d.body) for d in self._deliveries)
+
     def basic_get(self, queue: str, no_ack: bool = False, timeout: float | None = None) -> Delivery | None:
         """One message from the queue (basic.get), or None when it is empty."""
         reply = self._rpc(methods.unchecked(commands.Basic.Get, queue=queue, no_ack=no_ack),

@@ -632,7 +632,7 @@ if ADMISSION_CONTROL:
                         return {"seq": seq + 1}
                     return start
                 cap = min(cap, self._available_now_left)
-                batch = self._take_available_now(consumer, seq + 1, cap)
+                batch = self._take_available_now(consumer, seq + 1, cap, max_rows(limit))
                 self._count_copies(consumer)
             else:
                 self._resume(consumer, cap)
@@ -648,11 +648,14 @@ if ADMISSION_CONTROL:
             self._planned(batch)
             return {"seq": seq + 1}
 
-        def _take_available_now(self, consumer: QueueConsumer, seq: int, cap: int):
+        def _take_available_now(self, consumer: QueueConsumer, seq: int, cap: int, limit_rows: int | None):
             """Under availableNow the count taken at the start is a ceiling, not a promise (it can count a
             message twice while it moves from the queue to our buffer): the run is drained once nothing
-            arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT."""
+            arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT. The
+            run's first batch is sized by its first deliveries (`QueueConsumer.fit_prefetch_to_pending`)."""
             consumer.start_consuming()
+            if consumer.wait_pending(1, FILL_WAIT) and consumer.fit_prefetch_to_pending():
+                cap = min(self._batch_cap(limit_rows), self._available_now_left)
             wait_to_fill(consumer, cap)
             deadline = time.monotonic() + AVAILABLE_NOW_WAIT
             while True:
