@@ -224,7 +224,8 @@ OPTIONS = (
            "restart is then served from there, row for row the same, and the broker's redelivered copies "
            "of its messages are acked and dropped: exactly-once with an idempotent sink. One per query."),
     Option("ackAt", "source", None, _choice("journal", "commit"),
-           "Queue mode: when a batch's deliveries are acked. `journal` (the default with `journalPath`): as "
+           "Queue mode: when a batch's deliveries are acked. `journal` (the default with `journalPath` on "
+           "PySpark 4.2+; on 4.0 and 4.1 `commit` is): as "
            "soon as the batch's journal file is durable, before Spark runs it, so however long a batch "
            "runs it does not meet RabbitMQ's consumer timeout, and a restart replays the batch from the "
            "journal. `commit` (the default, and the only choice, without `journalPath`): once Spark has "

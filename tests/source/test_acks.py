@@ -62,7 +62,7 @@ def test_batch_is_unacked_while_it_runs_and_acked_after_its_commit(spark, env, t
 # The source's own timing, the same on every broker; RabbitMQ's state costs a rabbitmqctl call per probe.
 @pytest.mark.parametrize("broker_url", ["embedded", "rabbitmq4"], indirect=True)
 def test_with_a_journal_a_batch_is_acked_once_its_file_is_written_before_it_runs(spark, env, tmp_path):
-    """ackAt=journal, journalPath's default: while batch N runs, the broker holds only the messages of later
+    """ackAt=journal (journalPath's default on PySpark 4.2+): while batch N runs, the broker holds only the messages of later
     batches (N's own were acked when its journal file was durable); with ackAt=commit, N's too."""
     total = 30
     for ack_at in ("journal", "commit"):
@@ -82,7 +82,7 @@ def test_with_a_journal_a_batch_is_acked_once_its_file_is_written_before_it_runs
 
         sink = Collector(probe)
         query = (stream(spark, env.url, q, maxMessagesPerTrigger=10, journalPath=str(tmp_path / f"j-{ack_at}"),
-                        **({"ackAt": "commit"} if ack_at == "commit" else {}))
+                        ackAt=ack_at)
                  .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path, ack_at))
                  .trigger(processingTime="200 milliseconds").start())
         wait_until(lambda: len(sink.rows) >= total or query.exception(), 60, interval=0.1, message="all rows")
