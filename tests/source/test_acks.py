@@ -62,8 +62,9 @@ def test_batch_is_unacked_while_it_runs_and_acked_after_its_commit(spark, env, t
 # The source's own timing, the same on every broker; RabbitMQ's state costs a rabbitmqctl call per probe.
 @pytest.mark.parametrize("broker_url", ["embedded", "rabbitmq4"], indirect=True)
 def test_with_a_journal_a_batch_is_acked_once_its_file_is_written_before_it_runs(spark, env, tmp_path):
-    """ackAt=journal (journalPath's default on PySpark 4.2+): while batch N runs, the broker holds only the messages of later
-    batches (N's own were acked when its journal file was durable); with ackAt=commit, N's too."""
+    """ackAt=journal (journalPath's default on PySpark 4.2+): while batch N runs, the broker holds only the
+    messages of later batches (N's own were acked when its journal file was durable); with ackAt=commit, N's
+    too."""
     total = 30
     for ack_at in ("journal", "commit"):
         q = env.queue(f"ackat{ack_at}")
