@@ -27,12 +27,10 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 # Tests that must share one pytest-xdist worker: the ones that use the session's SparkSession (one per
 # process, and two on two cores only slow each other down) or the session's second RabbitMQ node (one node
-# name and port set per machine), and those that shorten the shared RabbitMQ nodes' consumer_timeout for a
-# moment (tests/broker/test_consumer_timeout.py: a Spark query starting meanwhile would get it too). Tests
-# that start Spark drivers or servers of their own (the kill tests, Spark Connect, a fresh process's
-# discovery) go to whichever worker is free: the other worker's share (the broker's differential tests,
-# mostly waiting on sockets) ends minutes earlier.
-ONE_WORKER_FIXTURES = {"spark", "rabbitmq_tls", "rabbitmq_external", "global_consumer_timeout"}
+# name and port set per machine). Tests that start Spark drivers or servers of their own (the kill tests,
+# Spark Connect, a fresh process's discovery) go to whichever worker is free: the other worker's share
+# (the broker's differential tests, mostly waiting on sockets) ends minutes earlier.
+ONE_WORKER_FIXTURES = {"spark", "rabbitmq_tls", "rabbitmq_external"}
 
 
 def pytest_itemcollected(item):

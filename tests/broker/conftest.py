@@ -33,23 +33,21 @@ class Target:
 TARGETS = [Target(kind, version) for version in VERSIONS for kind in ("embedded", "rabbitmq")]
 
 
-def _embedded(request, version: str):
-    """A test module may set EMBEDDED_CONFIG, configuration keys (Broker keywords) for its embedded brokers."""
-    config = getattr(request.module, "EMBEDDED_CONFIG", {})
-    with Broker(port=0, rabbitmq_version=version, **config) as broker:
+def _embedded(version: str):
+    with Broker(port=0, rabbitmq_version=version) as broker:
         yield broker
 
 
 @pytest.fixture(scope="module")
-def embedded_310(request):
+def embedded_310():
     """An embedded broker behaving as RabbitMQ 3.10, for this module's tests."""
-    yield from _embedded(request, "3.10")
+    yield from _embedded("3.10")
 
 
 @pytest.fixture(scope="module")
-def embedded_43(request):
+def embedded_43():
     """An embedded broker behaving as RabbitMQ 4.3, for this module's tests."""
-    yield from _embedded(request, "4.3")
+    yield from _embedded("4.3")
 
 
 @pytest.fixture(params=TARGETS, ids=lambda t: t.id)
