@@ -502,8 +502,8 @@ class QueueConsumer:
         """Driver, as a trigger starts, before any ack: a queue whose consumer the broker has timed out since
         (a channel closed with RabbitMQ 3.x's 406, or on 4.x a consumer cancelled while its queue exists) is
         recorded in `timeouts` and its channels dropped, so that nothing is acked or taken on them (RabbitMQ
-        4.x has already put the timed-out deliveries back: acking them would close the channel with 406
-        "unknown delivery tag", and reading on would take their copies silently)."""
+        4.x has already put the timed-out deliveries back: an ack of their tags removes nothing, and serves
+        the cancelled consumer again, which then receives their copies: read twice, silently)."""
         for q in self.queues:
             if any(ch.cancelled_by_broker for ch in q.channels) and q.channel.is_open \
                     and self._queue_exists(q.channel, q.name):
