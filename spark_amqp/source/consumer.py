@@ -332,14 +332,7 @@ class QueueConsumer:
                     timeout = max(0.0, deadline - time.monotonic()) if not batch.parts else 0.0
                     got = ch.get_deliveries(remaining, timeout=timeout / len(channels), max_bytes=bytes_left)
                 except ConsumerCancelledError:
-                    if self._queue_exists(ch, q.name):
-                        # RabbitMQ 4.x cancels (basic.cancel) a quorum queue's consumer at its timeout
-                        self._timed_out(q, "the broker cancelled the consumer while the queue exists "
-                                           "(RabbitMQ 4.x does so at a quorum queue's consumer timeout)")
-                    else:
-                        log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting",
-                                    q.name)
-                    self._drop(q)
+                    self._broker_cancelled(q, ch)
                     continue
                 except AMQPError as exc:
                     log.warning("AMQP source: lost channel for %s (%s); reconnecting", q.name, exc)
@@ -505,13 +498,22 @@ class QueueConsumer:
         4.x has already put the timed-out deliveries back: an ack of their tags removes nothing, and serves
         the cancelled consumer again, which then receives their copies: read twice, silently)."""
         for q in self.queues:
-            if any(ch.cancelled_by_broker for ch in q.channels) and q.channel.is_open \
-                    and self._queue_exists(q.channel, q.name):
-                self._timed_out(q, "the broker cancelled the consumer while the queue exists (RabbitMQ 4.x "
-                                   "does so at a quorum queue's consumer timeout)")
-                self._drop(q)
+            cancelled = next((ch for ch in q.channels if ch.cancelled_by_broker and ch.is_open), None)
+            if cancelled is not None:
+                self._broker_cancelled(q, cancelled)
             elif any(consumer_timeout_cause(ch.closed_by) for ch in q.channels):
                 self._drop(q)       # notes the timeout
+
+    def _broker_cancelled(self, q: QueueState, channel) -> None:
+        """Driver: the broker cancelled a consumer of `q` on `channel` (basic.cancel). While the queue
+        exists that is RabbitMQ 4.x's consumer timeout on a quorum queue (recorded, `_timed_out`); else the
+        queue is gone. Either way `q`'s channels are dropped (the reconnect reports a missing queue)."""
+        if self._queue_exists(channel, q.name):
+            self._timed_out(q, "the broker cancelled the consumer while the queue exists (RabbitMQ 4.x does "
+                               "so at a quorum queue's consumer timeout)")
+        else:
+            log.warning("AMQP source: the broker cancelled the consumer on %s; reconnecting", q.name)
+        self._drop(q)
 
     def _note_closed(self, q: QueueState) -> None:
         """Driver, before `q`'s channels are forgotten: the broker's consumer timeout, if that is why one of
