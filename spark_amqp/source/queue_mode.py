@@ -180,7 +180,8 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         ack_at = options.get("ackAt") or ("journal" if ADMISSION_CONTROL else "commit")
         self._acks_at_journal = bool(options.get("journalPath")) and ack_at == "journal"
         self._asked_at: float | None = None   # when latestOffset was last called (time.monotonic)
-        self._triggers_far_apart = False       # the last two were PAUSE_BETWEEN_TRIGGERS or more apart
+        self._triggers_far_apart = False       # pause the consumers between triggers (see _trigger_starts)
+        self._broker_timed_out = False         # the broker has timed out a consumer of this query
         self._timeouts_reported = 0            # consumer timeouts logged so far (the first in full)
         self._timeouts_returned = 0            # messages those timeouts sent back to the queues
         self.stopping = False                  # stop() has started (see _stop_on_sigterm)
@@ -235,20 +236,31 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def _trigger_starts(self) -> None:
         """Driver, as latestOffset starts, before any ack: report the broker's consumer timeouts since the
-        last trigger (`_report_timeouts`: the query may fail here), and note whether triggers come
-        PAUSE_BETWEEN_TRIGGERS or more apart."""
+        last trigger (`_report_timeouts`: the query may fail here), and decide whether the consumers pause
+        after this trigger: when triggers come PAUSE_BETWEEN_TRIGGERS or more apart, and from the broker's
+        first consumer timeout on (the interval is then too long for it, whatever its length: consumers
+        that went on between triggers would be timed out again at every one, and each trigger, starting on
+        a fresh consumer, would take almost nothing while the backlog grew)."""
         consumer = self._session()
         consumer.check_timeouts()
+        if consumer.timeouts:
+            self._broker_timed_out = True
+            consumer.consuming = False      # the channels are gone: _resume starts and fills anew
         self._report_timeouts(consumer)
         now = time.monotonic()
-        self._triggers_far_apart = self._asked_at is not None and now - self._asked_at >= PAUSE_BETWEEN_TRIGGERS
+        far_apart = self._asked_at is not None and now - self._asked_at >= PAUSE_BETWEEN_TRIGGERS
+        self._triggers_far_apart = far_apart or self._broker_timed_out
         self._asked_at = now
 
     def _resume(self, consumer: QueueConsumer, cap: int) -> None:
-        """Driver: consumers stopped between triggers far apart start again, and the batch waits to fill."""
+        """Driver: consumers paused between triggers start again, and the batch waits for what the queues
+        held ready as they start (at most `cap`), not for messages still being published: a batch that
+        waited for a steady trickle would hold its first deliveries for the whole fill wait."""
         if self._triggers_far_apart and not consumer.consuming:
+            ready = consumer.ready_count()
             consumer.start_consuming()
-            wait_to_fill(consumer, cap)
+            if ready:
+                wait_to_fill(consumer, min(cap, ready))
 
     def _trigger_ends(self, available_now: bool = False) -> None:
         """Driver, as latestOffset returns: report the broker's consumer timeouts (`_report_timeouts`), and
