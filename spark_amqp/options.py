@@ -218,6 +218,23 @@ OPTIONS = (
     Option("minPartitions", "source", None, _positive_int,
            "Stream mode: split the offset ranges of a batch into at least this many partitions "
            "(default: one per stream with new messages, and one per 100,000 offsets of a longer range)."),
+    Option("superStream", "both", None, _shortstr,
+           "A super stream (RabbitMQ 3.11+: a partitioned stream, `rabbitmq-streams add_super_stream`). "
+           "Source: read every partition as one query (stream mode, offsets per partition; a partition "
+           "added later is read from its first offset). Sink: publish each row to the partition its "
+           "`routing_key` hashes to, as RabbitMQ's stream clients choose it. Partitions are the streams "
+           "`NAME-0`, `NAME-1`, ... unless `superStreamPartitions` lists them."),
+    Option("superStreamPartitions", "both", None, _names,
+           "The partition streams of `superStream`, comma-separated in partition order "
+           "(`x-stream-partition-order`), for a super stream whose partitions are not `NAME-0`, `NAME-1`, "
+           "... (made with `--binding-keys eu,us`: `NAME-eu,NAME-us`)."),
+    Option("streamFilter", "source", None, _names,
+           "Stream mode: read only messages whose filter value (header `x-stream-filter-value`, RabbitMQ "
+           "3.13+) is one of these, comma-separated. The broker skips chunks without them (`x-stream-filter`); "
+           "the source drops the rest of the chunks it sends."),
+    Option("streamMatchUnfiltered", "source", False, _bool,
+           "Stream mode, with `streamFilter`: also read messages without a filter value "
+           "(`x-stream-match-unfiltered`)."),
     Option("journalPath", "source", None, _text,
            "Queue mode: directory (local, or any URI pyarrow reaches: `file://`, `s3://`, `hdfs://`) where "
            "each micro-batch's rows are written before Spark records its offset. A batch re-run after a "
@@ -263,6 +280,9 @@ OPTIONS = (
            "Sink: seconds a task waits for outstanding publisher confirms before it fails."),
     Option("publishWindow", "sink", DEFAULT_WINDOW, _positive_int,
            "Sink: most unconfirmed publishes in flight per task."),
+    Option("filterValue", "sink", None, _shortstr,
+           "Sink: the stream filter value (header `x-stream-filter-value`) of every row; given, it overrides "
+           "a `filter_value` column. Consumers with `streamFilter` read by it."),
     Option("messageId", "sink", "none", _choice("none", "deterministic"),
            "Sink: `deterministic` gives rows without a message_id one derived from (query id, batch, "
            "partition, row), so consumers can drop duplicates after a retried task."),
@@ -393,9 +413,28 @@ def parse(options, role: str) -> Options:
     if out.get("authMechanism") == "external" and not out.get("tls.certFile"):
         raise OptionError("authMechanism", "EXTERNAL", "EXTERNAL authenticates with the TLS client "
                           "certificate: set tls.certFile (and tls.keyFile) with an amqps:// uri")
+    if out.get("superStreamPartitions") and not out.get("superStream"):
+        raise OptionError("superStreamPartitions", ",".join(out["superStreamPartitions"]),
+                          "needs the option 'superStream'")
+    if role == "sink" and out.get("superStream") and out.get("exchange") is not None:
+        raise OptionError("exchange", out["exchange"], f"contradicts superStream={out['superStream']!r} (rows "
+                          "go to its partitions): set one of the two")
     if role == "source":
-        if not out.get("queue"):
-            raise OptionError("queue", None, "required: the queue(s) to consume")
+        if out.get("superStream"):
+            if out.get("queue"):
+                raise OptionError("queue", ",".join(out["queue"]), f"contradicts superStream="
+                                  f"{out['superStream']!r} (its partitions are the streams read): set one")
+            if "queuetype" in {str(k).lower() for k in dict(options)} and out["queueType"] != "stream":
+                raise OptionError("queueType", out["queueType"], "a super stream is read in stream mode: "
+                                  "leave queueType unset or set it to stream")
+            out["queueType"] = "stream"
+        elif not out.get("queue"):
+            raise OptionError("queue", None, "required: the queue(s) to consume (or superStream)")
+        if out["queueType"] != "stream" and (out.get("streamFilter") or out.get("streamMatchUnfiltered")):
+            name = "streamFilter" if out.get("streamFilter") else "streamMatchUnfiltered"
+            raise OptionError(name, "…", "applies to stream queues only: set queueType=stream")
+        if out.get("streamMatchUnfiltered") and not out.get("streamFilter"):
+            raise OptionError("streamMatchUnfiltered", True, "needs the option 'streamFilter'")
         stream_only = ("startingOffsets", "startingTimestamp", "endingOffsets", "minPartitions")
         given = [n for n in stream_only if out.get(n) is not None] + \
             (["failOnDataLoss"] if out.get("failOnDataLoss") is False else [])
@@ -419,7 +458,7 @@ def parse(options, role: str) -> Options:
             raise OptionError("endingOffsets", ending if isinstance(ending, str) else json.dumps(ending),
                               "an end cannot be earliest (-2): expected latest, or a JSON object of stream "
                               "-> offset (-1: latest)")
-        if out["queueType"] == "stream":
+        if out["queueType"] == "stream" and not out.get("superStream"):
             for n in ("startingOffsets", "endingOffsets"):
                 unknown = sorted(set(out[n]) - set(out["queue"])) if isinstance(out.get(n), dict) else []
                 if unknown:
