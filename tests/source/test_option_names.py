@@ -37,3 +37,24 @@ def test_an_end_at_earliest_is_refused_as_kafkas_source_refuses_it(value):
     assert "option 'endingOffsets'" in str(err.value) and "cannot be earliest" in str(err.value)
     assert opts.parse({"uri": URI, "queue": "s", "queueType": "stream", "endingOffsets": '{"s": -1}'},
                       "source")["endingOffsets"] == {"s": -1}
+
+
+def test_a_super_stream_is_read_in_stream_mode():
+    parsed = opts.parse({"uri": URI, "superStream": "orders"}, "source")
+    assert parsed["queueType"] == "stream" and parsed["queue"] is None
+
+
+@pytest.mark.parametrize("role, given, option, words", [
+    ("source", {"superStream": "orders", "queue": "q"}, "queue", "contradicts superStream='orders'"),
+    ("source", {"superStream": "orders", "queueType": "quorum"}, "queueType", "read in stream mode"),
+    ("source", {"superStreamPartitions": "a,b", "queue": "q"}, "superStreamPartitions", "needs the option"),
+    ("source", {"queue": "q", "streamFilter": "eu"}, "streamFilter", "set queueType=stream"),
+    ("source", {"queue": "q", "queueType": "stream", "streamMatchUnfiltered": "true"}, "streamMatchUnfiltered",
+     "needs the option 'streamFilter'"),
+    ("source", {}, "queue", "(or superStream)"),
+    ("sink", {"superStream": "orders", "exchange": "x"}, "exchange", "contradicts superStream='orders'"),
+])
+def test_super_stream_and_filter_options_that_contradict_are_refused_naming_them(role, given, option, words):
+    with pytest.raises(opts.OptionError) as err:
+        opts.parse({"uri": URI, **given}, role)
+    assert f"option '{option}'" in str(err.value) and words in str(err.value), str(err.value)
