@@ -2,8 +2,9 @@
 
 Defined once, here: `COLUMNS` lists every column with its type, and the Spark schema (`SCHEMA`, what the
 data source reports), the Arrow schema (`ARROW_SCHEMA`, what the reader's record batches carry) and the
-column groups the source and the sink use are all derived from it. Names are AMQP's own property names in
-snake_case, so a row written by the sink and read back by the source is the same row.
+column groups the source and the sink use are all derived from it; the sink's own columns, which the source
+never fills, are `SINK_ONLY`. Names are AMQP's own property names in snake_case, so a row written by the
+sink and read back by the source is the same row.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 PROPERTY_COLUMNS = tuple(name for name, _ in amqp_properties.PROPERTIES if name != "cluster_id")
 # Columns the source fills that mean nothing to a publish; the sink accepts and ignores them.
 SOURCE_ONLY = ("queue", "delivery_tag", "redelivered", "stream_offset")
+# Columns only the sink reads (strings; not in the source's rows): `filter_value` is the stream filter value,
+# published as the header `x-stream-filter-value` (sink/columns.py).
+SINK_ONLY = ("filter_value",)
 # Columns the sink publishes; `header_types` types the `headers` values (headers.py).
-WRITTEN = ("body", "exchange", "routing_key") + PROPERTY_COLUMNS + ("header_types",)
+WRITTEN = ("body", "exchange", "routing_key") + PROPERTY_COLUMNS + ("header_types",) + SINK_ONLY
 
-assert set(WRITTEN) | set(SOURCE_ONLY) == set(COLUMN_NAMES)
+assert set(WRITTEN) | set(SOURCE_ONLY) == set(COLUMN_NAMES) | set(SINK_ONLY)

@@ -11,8 +11,13 @@ default: MurmurHash3 x86 32-bit of the routing key's UTF-8 bytes, seed 104729, a
 modulo the partition count, over the partitions in `x-stream-partition-order`. So a stream consumer of a
 partition sees exactly the messages a Java producer would have sent there.
 
-Runs on the driver (finding partitions: the source at every trigger, the sink per batch) and on executors
-(the sink's partition choice).
+Runs on the driver (finding partitions: the source at every trigger) and on executors (the sink: each task
+finds the partitions on its own connection when it opens it, then routes its rows with `partition_streams`;
+so a partition added between two micro-batches is used from the next one).
+
+A row published with the header `x-stream-filter-value` (`FILTER_VALUE_HEADER`, RabbitMQ 3.13+) carries a
+stream filter value: the broker records the values of each chunk, and a consumer with `x-stream-filter`
+skips the chunks that hold none of its values.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from .client.uri import redact
 
 # The seed of RabbitMQ's stream clients' HashRoutingMurmurStrategy.
 HASH_SEED = 104729
+# The header a message's stream filter value travels in (AMQP 0-9-1 publishers; RabbitMQ 3.13+).
+FILTER_VALUE_HEADER = "x-stream-filter-value"
 
 
 def partition_index(routing_key: str, partitions: int) -> int:
@@ -31,12 +38,26 @@ def partition_index(routing_key: str, partitions: int) -> int:
     return mmh3.hash(routing_key.encode("utf-8"), HASH_SEED, signed=False) % partitions
 
 
+def partition_streams(routing_keys: list, partitions: list[str]) -> list[str]:
+    """Executor (the sink): the partition stream of each routing key (none may be None), hashing each
+    distinct key once."""
+    n = len(partitions)
+    chosen: dict[str, str] = {}
+    out = []
+    for key in routing_keys:
+        stream = chosen.get(key)
+        if stream is None:
+            stream = chosen[key] = partitions[partition_index(key, n)]
+        out.append(stream)
+    return out
+
+
 class SuperStreamNotFound(RuntimeError):
     """The super stream's first partition (or a listed one) does not exist."""
 
 
 def _exists(conn, stream: str) -> bool:
-    """Driver: a passive declare of `stream` on a channel of its own (a 404 closes it)."""
+    """A passive declare of `stream` on a channel of its own (a 404 closes it)."""
     ch = conn.channel()
     try:
         ch.queue_declare(stream, passive=True)
@@ -49,8 +70,9 @@ def _exists(conn, stream: str) -> bool:
 
 
 def find_partitions(conn, options) -> list[str]:
-    """Driver. The partition streams of options['superStream'] in partition order: those listed in
-    `superStreamPartitions` (each must exist), else `NAME-0`, `NAME-1`, ... up to the first missing one.
+    """Driver (the source) or executor (a sink task, on its publishing connection). The partition streams
+    of options['superStream'] in partition order: those listed in `superStreamPartitions` (each must
+    exist), else `NAME-0`, `NAME-1`, ... up to the first missing one.
     Raises SuperStreamNotFound naming the super stream, the broker and what to check."""
     name = options["superStream"]
     listed = options.get("superStreamPartitions")

@@ -11,6 +11,10 @@ in a task after half the rows were published:
   the `topic` column (a row read from queue `q` carries routing_key 'q': written with
   `.option("routingKey", "out")` it goes to "out", not back to `q`). A null value, or neither column nor
   option: the default exchange `""`, key `""`;
+- with the option `superStream`, the routing key (column or option; required, never null) chooses the
+  partition stream (`spark_amqp.super_stream`), and an `exchange` column is ignored;
+- `filter_value` (`string`, optional; the option `filterValue` overrides it) is the stream filter value,
+  merged into the row's headers as `x-stream-filter-value` (`with_filter_values`); a null sets nothing;
 - the property columns (AMQP 0-9-1 section 1.8, basic properties): `content_type`, `content_encoding`,
   `correlation_id`, `reply_to`, `expiration`, `message_id`, `type`, `user_id`, `app_id` (`string`, at
   most 255 bytes), `delivery_mode` and `priority` (an integer type, 0..255), `timestamp` (`timestamp` or
@@ -40,7 +44,8 @@ from pyspark.sql.types import (BinaryType, ByteType, IntegerType, LongType, MapT
 from .. import headers as header_text
 from ..codec import properties as amqp_properties
 from ..codec.properties import FLAG, KIND, PropertyError
-from ..schema import PROPERTY_COLUMNS, SOURCE_ONLY, WRITTEN
+from ..schema import PROPERTY_COLUMNS, SINK_ONLY, SOURCE_ONLY, WRITTEN
+from ..super_stream import FILTER_VALUE_HEADER
 
 OCTET_PROPERTIES = tuple(n for n in PROPERTY_COLUMNS if KIND[n] == "o")    # delivery_mode, priority
 
@@ -86,6 +91,7 @@ class ColumnPlan:
     exchange: int | None
     routing_key: int | None
     properties: tuple = ()          # ((column name, index), ...) in flag order
+    filter_value: int | None = None
     ignored: tuple = ()             # names of columns present but not written
     names: tuple = field(default=())  # every input column name, in order
 
@@ -118,7 +124,8 @@ def plan(schema: StructType, options) -> ColumnPlan:
     if unknown and not options.get("ignoreUnknownColumns"):
         raise SinkSchemaError(
             f"unknown column(s) for the amqp sink: {', '.join(map(repr, unknown))}. It writes body "
-            f"(required), exchange, routing_key and the property columns {', '.join(PROPERTY_COLUMNS)} "
+            f"(required), exchange, routing_key, the property columns {', '.join(PROPERTY_COLUMNS)}, "
+            f"header_types and {', '.join(SINK_ONLY)} "
             f"(and ignores the source-only columns {', '.join(SOURCE_ONLY)}). Select only those columns, "
             "or set .option('ignoreUnknownColumns', 'true')")
     wrong = []
@@ -130,8 +137,15 @@ def plan(schema: StructType, options) -> ColumnPlan:
     if wrong:
         raise SinkSchemaError("the amqp sink cannot write " + "; ".join(wrong) +
                               " (cast it, e.g. col('priority').cast('int'), or drop it)")
-    if ("exchange" not in by_name and not options.get("exchange") and "routing_key" not in by_name
-            and options.get("routingKey") is None):
+    super_stream = options.get("superStream")
+    if super_stream and "routing_key" not in by_name and options.get("routingKey") is None:
+        raise SinkSchemaError(
+            f"the amqp sink with superStream={super_stream!r} publishes each row to the partition its routing "
+            "key hashes to, but there is no 'routing_key' column and the option 'routingKey' is not set. Add "
+            "a routing_key column (e.g. df.withColumn('routing_key', col('customer_id'))), or set "
+            ".option('routingKey', ...) to send every row to one partition")
+    if (not super_stream and "exchange" not in by_name and not options.get("exchange")
+            and "routing_key" not in by_name and options.get("routingKey") is None):
         raise SinkSchemaError(
             "the amqp sink has nowhere to send the rows: no 'exchange' or 'routing_key' column and neither "
             "the option 'exchange' nor 'routingKey' is set, so every message would go to the default "
@@ -140,10 +154,11 @@ def plan(schema: StructType, options) -> ColumnPlan:
     return ColumnPlan(
         body=by_name["body"],
         body_is_string=isinstance(schema.fields[by_name["body"]].dataType, StringType),
-        exchange=None if options.get("exchange") is not None else by_name.get("exchange"),
+        exchange=None if options.get("exchange") is not None or super_stream else by_name.get("exchange"),
         routing_key=None if options.get("routingKey") is not None else by_name.get("routing_key"),
         properties=tuple((n, by_name[n]) for n in PROPERTY_COLUMNS + ("header_types",) if n in by_name),
-        ignored=tuple(n for n in names if n.lower() not in WRITTEN),
+        filter_value=None if options.get("filterValue") is not None else by_name.get("filter_value"),
+        ignored=tuple(n for n in names if n.lower() not in WRITTEN or super_stream and n.lower() == "exchange"),
         names=tuple(names),
     )
 
@@ -197,6 +212,25 @@ def encode_properties(props: dict, n: int, first_row: int = 0) -> list[bytes]:
                 flags |= flag
                 parts.append(v)
         append(pack(flags) + b"".join(parts))
+    return out
+
+
+def with_filter_values(props: dict, values: list, n: int) -> dict:
+    """`props` (as `encode_properties` takes them) with each row's stream filter value (a str, or None:
+    nothing set) merged into its headers as `x-stream-filter-value`, replacing a value the headers had, and
+    published as a string (a `header_types` entry for it is dropped)."""
+    headers = props.get("headers") or [None] * n
+    types = props.get("header_types")
+    merged = []
+    for h, v in zip(headers, values):
+        if v is not None:
+            h = dict(h) if h is not None else {}
+            h[FILTER_VALUE_HEADER] = v
+        merged.append(h)
+    out = {**props, "headers": merged}
+    if types is not None:
+        out["header_types"] = [{k: t for k, t in dict(ts).items() if k != FILTER_VALUE_HEADER}
+                               if ts is not None and v is not None else ts for ts, v in zip(types, values)]
     return out
 
 

@@ -12,6 +12,12 @@ A task (one partition of one write, or of one micro-batch) does, in `TaskPublish
    returned message with `mandatory=true` (exchange and routing key), on a lost connection (how many
    messages were published and confirmed before it), or on a confirm timeout.
 
+With `superStream`, the task finds the super stream's partitions when it opens its connection
+(`super_stream.find_partitions`: passive declares, here on the executor, once per task), and publishes each
+row through the default exchange `""` with the routing key set to the name of the partition stream its
+routing key hashes to (`super_stream.partition_streams`): the row reaches that stream whatever the super
+stream's binding keys are. A row with a null routing key fails the task, naming the row.
+
 Delivery is at-least-once: Spark re-runs a failed task, which publishes the partition again. With
 `messageId=deterministic`, each row without a `message_id` gets one derived from its position
 (`message_id()`), identical in every attempt, so consumers can drop the duplicates.
@@ -28,7 +34,8 @@ from typing import Iterable, Iterator
 from ..client import (AMQPError, AMQPTimeoutError, ChannelClosedError, Connection, ConnectionClosedError,
                       PublishNackedError, UnroutableError, redact)
 from ..options import connect_kwargs
-from .columns import ColumnPlan, RowError, encode_properties
+from ..super_stream import SuperStreamNotFound, find_partitions, partition_streams
+from .columns import ColumnPlan, RowError, encode_properties, with_filter_values
 
 log = logging.getLogger("spark_amqp.sink")
 
@@ -46,6 +53,7 @@ class Chunk:
     exchanges: list | None          # str | None per row, or None when there is no exchange column
     routing_keys: list | None
     properties: dict                # {property column: list of values}; values as columns.encode_properties takes
+    filter_values: list | None = None   # str | None per row, or None when there is no filter_value column
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class TaskPublisher:
         self.confirm_timeout = float(options["confirmTimeout"])      # options.parse gives every default
         self.window = int(options["publishWindow"])
         self.deterministic = options.get("messageId") == "deterministic"
+        self.filter_value = options.get("filterValue")
+        self.super_stream = options.get("superStream")
+        self.partitions: list[str] | None = None     # with superStream: found in _open
         self.uri = options["uri"]
         self.published = 0
         self.confirmed = 0
@@ -102,8 +113,13 @@ class TaskPublisher:
         try:
             self._conn = Connection.open(self.uri, client_properties={"connection_name": name},
                                          **connect_kwargs(opts))
+            if self.super_stream:
+                self.partitions = find_partitions(self._conn, opts)
             self._channel = self._conn.channel()
             self._channel.confirm_select(window=self.window)
+        except SuperStreamNotFound as exc:
+            self.close()
+            raise SinkError(f"amqp sink ({self.identity.describe()}): {exc}") from None
         except AMQPError as exc:
             self.close()
             raise SinkError(f"amqp sink ({self.identity.describe()}): cannot open a publishing channel "
@@ -157,12 +173,17 @@ class TaskPublisher:
             else:
                 ids = [v if v is not None else prefix + str(first + i) for i, v in enumerate(ids)]
             props = {**props, "message_id": ids}
+        filter_values = [self.filter_value] * n if self.filter_value is not None else chunk.filter_values
+        if filter_values is not None:
+            props = with_filter_values(props, filter_values, n)
         try:
             encoded = encode_properties(props, n, first) if props else None
         except RowError as exc:
             raise SinkError(f"amqp sink ({self.identity.describe()}): {exc}") from None
         ex_default, rk_default = self.default_exchange, self.default_routing_key
         exchanges, keys = chunk.exchanges, chunk.routing_keys
+        if self.partitions is not None:
+            keys, rk_default = self._partition_streams(keys, first)
         publish = self._channel.publish
         mandatory = self.mandatory
         timeout = self.confirm_timeout
@@ -202,6 +223,19 @@ class TaskPublisher:
                 done += 1
         finally:
             self.published = first + done
+
+    def _partition_streams(self, keys: list | None, first: int) -> tuple[list | None, str]:
+        """With superStream: (the partition stream of each row, or None when the option routingKey gives one
+        key to all; the partition stream of the option's key)."""
+        if keys is None:
+            return None, partition_streams([self.default_routing_key], self.partitions)[0]
+        if None in keys:
+            raise SinkError(
+                f"amqp sink ({self.identity.describe()}): row {first + keys.index(None)} has a null "
+                f"'routing_key' column; with superStream={self.super_stream!r} each row goes to the partition "
+                "its routing key hashes to, so every row needs one: fill the column (e.g. coalesce(...)), "
+                "filter those rows out, or set the option routingKey")
+        return partition_streams(keys, self.partitions), ""
 
     # ----------------------------------------------------------------------------------------- errors
 
@@ -273,6 +307,7 @@ def arrow_chunks(plan: ColumnPlan, batches: Iterator) -> Iterator[Chunk]:
             exchanges=batch.column(plan.exchange).to_pylist() if plan.exchange is not None else None,
             routing_keys=batch.column(plan.routing_key).to_pylist() if plan.routing_key is not None else None,
             properties=props,
+            filter_values=batch.column(plan.filter_value).to_pylist() if plan.filter_value is not None else None,
         )
 
 
@@ -303,4 +338,5 @@ def row_chunks(plan: ColumnPlan, rows: Iterator, size: int = 10_000) -> Iterator
             exchanges=[r[plan.exchange] for r in block] if plan.exchange is not None else None,
             routing_keys=[r[plan.routing_key] for r in block] if plan.routing_key is not None else None,
             properties=props,
+            filter_values=[r[plan.filter_value] for r in block] if plan.filter_value is not None else None,
         )

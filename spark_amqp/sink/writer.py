@@ -13,6 +13,12 @@ Where each method runs (PySpark 4.3, as for `pyspark.sql.datasource`):
   undone, so both only log; `abort` says how many tasks completed and how many confirmed messages they
   published (they stay published: delivery is at-least-once); a failed task's own error gives its counts.
 
+Super streams (`superStream`): each task finds the partitions itself, on the executor, when it opens its
+connection (`publisher.TaskPublisher._open`), not the driver: Spark creates a streaming writer once per run
+of a query, so partitions found there would miss one added while the query runs; found per task, a
+partition added between micro-batches is used from the next one, at the cost of a few passive declares per
+task.
+
 Arrow or rows: the writers take pyarrow RecordBatches (`DataSourceArrowWriter`,
 `DataSourceStreamArrowWriter`), which PySpark hands over without building a `Row` per record; columns are
 converted in bulk (`publisher.arrow_chunks`). Measured against a writer fed Rows (1,000,000 rows x 100-byte

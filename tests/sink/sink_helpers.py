@@ -5,6 +5,7 @@ a `proxies.Proxy` with a rate."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pika
@@ -54,6 +55,25 @@ class Admin:
         self.ch.cancel()
         return out
 
+    def read_stream(self, stream: str, expected: int, timeout: float = 20.0, idle: float = 0.5) -> list[tuple]:
+        """Every message of a stream from its first offset as (method, properties, body): reads until
+        `expected` arrived and then nothing more for `idle` seconds (so a copy too many shows), or `timeout`."""
+        out = []
+        deadline = time.monotonic() + timeout
+        self.ch.basic_qos(prefetch_count=1000)
+        for method, props, body in self.ch.consume(stream, arguments={"x-stream-offset": "first"},
+                                                   inactivity_timeout=idle):
+            if method is None:
+                if len(out) >= expected or time.monotonic() > deadline:
+                    break
+                continue
+            out.append((method, props, body))
+            self.ch.basic_ack(method.delivery_tag)
+            if time.monotonic() > deadline:
+                break
+        self.ch.cancel()
+        return out
+
     def close(self) -> None:
         try:
             for q in self.queues:
@@ -65,6 +85,55 @@ class Admin:
                 self.conn.close()
             except Exception:
                 pass
+
+
+# ------------------------------------------------------------------------------------ super streams
+
+
+class SuperStreams:
+    """Super streams on the broker under test, deleted afterwards. On RabbitMQ 4.3 made by its CLI
+    (`rabbitmq-streams add_super_stream`); on the embedded broker (no such command) by declaring what that
+    command declares: a durable direct exchange NAME with `x-super-stream: true`, a durable stream per
+    partition, and bindings with the partition's key and `x-stream-partition-order`."""
+
+    def __init__(self, admin: Admin, on_rabbitmq: bool):
+        self.admin = admin
+        self.on_rabbitmq = on_rabbitmq       # the RabbitMQ 4.3 node (3.10 has no super streams), else embedded
+        self.made: list[str] = []
+
+    def create(self, name: str, partitions: int = 3, binding_keys: list[str] | None = None) -> list[str]:
+        """The super stream's partition streams, in partition order."""
+        keys = binding_keys or [str(i) for i in range(partitions)]
+        self.made.append(name)
+        if self.on_rabbitmq:
+            given = ["--binding-keys", ",".join(binding_keys)] if binding_keys else ["--partitions", str(partitions)]
+            _streams_cli("add_super_stream", name, *given)
+        else:
+            self.admin.ch.exchange_declare(name, "direct", durable=True, arguments={"x-super-stream": True})
+            for order, key in enumerate(keys):
+                self.add_partition(name, key, order)
+        return [f"{name}-{key}" for key in keys]
+
+    def add_partition(self, name: str, key: str, order: int) -> str:
+        """Declare stream NAME-key and bind it as the super stream's partition `order`."""
+        stream = f"{name}-{key}"
+        self.admin.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+        self.admin.ch.queue_bind(stream, name, key, arguments={"x-stream-partition-order": order})
+        return stream
+
+    def close(self) -> None:
+        for name in self.made:
+            if self.on_rabbitmq:
+                _streams_cli("delete_super_stream", name)
+
+
+def _streams_cli(*args: str) -> str:
+    """`rabbitmq-streams <args>` on the RabbitMQ 4.3 node (its ctl.sh runs the tool named first)."""
+    out = subprocess.run([brokers.RABBITMQ4_CTL, "rabbitmq-streams", *args], capture_output=True, text=True,
+                         timeout=brokers.RABBITMQCTL_TIMEOUT)
+    if out.returncode != 0:
+        raise RuntimeError(f"rabbitmq-streams {' '.join(args)} failed: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout
 
 
 # ------------------------------------------------------------------------------ cutting connections

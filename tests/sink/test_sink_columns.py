@@ -13,7 +13,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, MapType, Short
 from spark_amqp import options as opts
 from spark_amqp import properties
 from spark_amqp.schema import PROPERTY_COLUMNS, SCHEMA
-from spark_amqp.sink.columns import RowError, SinkSchemaError, encode_properties, plan
+from spark_amqp.sink.columns import RowError, SinkSchemaError, encode_properties, plan, with_filter_values
 from spark_amqp.sink.publisher import TaskIdentity, message_id
 
 URI = "amqp://guest:secret-pw@127.0.0.1:5672/%2F"
@@ -91,6 +91,38 @@ def test_a_destination_is_required():
         plan(schema(("body", BinaryType())), opts.parse({"uri": URI}, "sink"))
     plan(schema(("body", BinaryType())), opts.parse({"uri": URI, "exchange": "x"}, "sink"))
     plan(schema(("body", BinaryType()), ("routing_key", StringType())), opts.parse({"uri": URI}, "sink"))
+
+
+def test_a_super_stream_routes_by_the_routing_key_and_ignores_an_exchange_column():
+    p = plan(SCHEMA, opts.parse({"uri": URI, "superStream": "orders"}, "sink"))
+    assert (p.exchange, p.routing_key) == (None, 2) and "exchange" in p.ignored
+    with pytest.raises(SinkSchemaError) as err:
+        plan(schema(("body", BinaryType()), ("exchange", StringType())),
+             opts.parse({"uri": URI, "superStream": "orders"}, "sink"))
+    msg = str(err.value)
+    assert "superStream='orders'" in msg and "no 'routing_key' column" in msg and "'routingKey'" in msg
+    plan(schema(("body", BinaryType())), opts.parse({"uri": URI, "superStream": "orders", "routingKey": "k"}, "sink"))
+
+
+def test_filter_value_is_a_string_column_the_option_overrides():
+    cols = schema(("body", BinaryType()), ("filter_value", StringType()))
+    assert plan(cols, sink_options()).filter_value == 1
+    assert plan(cols, sink_options(filterValue="eu")).filter_value is None
+    with pytest.raises(SinkSchemaError, match="column 'filter_value' has type int, expected string"):
+        plan(schema(("body", BinaryType()), ("filter_value", IntegerType())), sink_options())
+
+
+def test_the_filter_value_is_merged_into_the_headers_as_a_string():
+    props = {"headers": [[("a", "1"), ("x-stream-filter-value", "old")], None, {"b": "2"}, None],
+             "header_types": [[("a", "long"), ("x-stream-filter-value", "long")], None, None, {"b": "int"}]}
+    merged = with_filter_values(props, ["eu", "us", None, None], 4)
+    assert merged["headers"] == [{"a": "1", "x-stream-filter-value": "eu"}, {"x-stream-filter-value": "us"},
+                                 {"b": "2"}, None]
+    assert merged["header_types"] == [{"a": "long"}, None, None, {"b": "int"}]
+    raw = encode_properties(merged, 4)
+    assert properties.to_columns(raw[0])["headers"] == {"a": "1", "x-stream-filter-value": "eu"}
+    assert encode_properties(with_filter_values({}, ["ap"], 1), 1) == \
+        [properties.from_columns({"headers": {"x-stream-filter-value": "ap"}})]
 
 
 def test_errors_never_show_the_password():
