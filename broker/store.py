@@ -37,7 +37,7 @@ import zlib
 from spark_amqp.codec import fields, properties, replies
 
 from .message import Message
-from .stream import LOG_HEADER_SIZE, TRACKING_CHUNK_SIZE, Chunk, Record, Segment
+from .stream import LOG_HEADER_SIZE, TRACKING_CHUNK_SIZE, Chunk, Record, Segment, record_values
 
 log = logging.getLogger("broker.store")
 
@@ -708,7 +708,8 @@ class StreamLog:
                     at += lh
                     records.append(Record(first + i, x, k, header, p[at:at + lb]))
                     at += lb
-                segments[-1].append(Chunk(first, ts, records, size))
+                # The filter is read back from the records' headers: the log's format has no field for it.
+                segments[-1].append(Chunk(first, ts, records, size, record_values(records)))
             pos = start + length
         if rewrite:
             self._rewrite(segments)

@@ -19,6 +19,8 @@ and what a 0-9-1 client can see of osiris is modelled here, in memory:
 - `basic.qos` prefetch is the consumer's credit: each delivery takes one, each ack gives one back; nothing
   is ever removed by an ack. Every delivery carries the header `x-stream-offset` (long), added to the content
   header once when the chunk is written, so deliveries to any number of consumers share the same bytes.
+- With stream filtering (4.x), a chunk keeps the `x-stream-filter-value`s of its messages and a consumer's
+  reader skips the chunks its `x-stream-filter` does not want, delivering the others whole (stream_filter.py).
 
 Sizes (for segments and `x-max-length-bytes`) count osiris' 8-byte segment header, a 48-byte header per
 chunk and a 4-byte header per record around the message's content header and body; RabbitMQ stores the
@@ -34,7 +36,7 @@ import struct
 
 from spark_amqp.codec import fields, replies
 
-from . import arguments, limits, policies
+from . import arguments, limits, policies, stream_filter
 from .arguments import STREAM, Crash, erl_string, parse_max_age, rs, text, type_name
 
 # osiris' on-disk layout (osiris_log.erl): a segment file starts with an 8-byte header, every chunk has a
@@ -73,6 +75,7 @@ class StreamArguments:
         self.max_age = (parse_max_age(a["x-max-age"], behaviour.max_age_needs_digits)
                         if "x-max-age" in a else None)
         self.max_segment_size = a.get("x-stream-max-segment-size-bytes")
+        self.filter_size = a.get("x-stream-filter-size-bytes") or stream_filter.DEFAULT_FILTER_SIZE
 
 
 def check_declare(name: str, durable: bool, exclusive: bool, auto_delete: bool, vhost: str) -> None:
@@ -123,17 +126,24 @@ class Record:
         self.body = body
 
 
+def record_values(records) -> frozenset:
+    """A chunk's filter from its records' headers (the publisher's x-stream-filter-value stays in them), so
+    a log read back from disk gets the same filters without storing them."""
+    return stream_filter.chunk_values(stream_filter.filter_value(r.header) for r in records)
+
+
 class Chunk:
     """Messages written together. `records` is None for a writer tracking snapshot (one offset, never
     delivered)."""
 
-    __slots__ = ("first_offset", "timestamp", "records", "size")
+    __slots__ = ("first_offset", "timestamp", "records", "size", "values")
 
-    def __init__(self, first_offset: int, timestamp: int, records, size: int):
+    def __init__(self, first_offset: int, timestamp: int, records, size: int, values=frozenset()):
         self.first_offset = first_offset
         self.timestamp = timestamp        # epoch milliseconds when written
         self.records = records
         self.size = size
+        self.values = values              # its filter: the x-stream-filter-values it holds (stream_filter)
 
     @property
     def count(self) -> int:
@@ -153,15 +163,17 @@ class Segment:
 
 
 class Reader:
-    """A consumer's position: the segment and chunk index it reads next (a chunk goes out whole), and the
-    first offset it may deliver (a numeric x-stream-offset starts inside a chunk)."""
+    """A consumer's position: the segment and chunk index it reads next (a chunk goes out whole), the
+    first offset it may deliver (a numeric x-stream-offset starts inside a chunk), and the chunks it wants
+    (a stream_filter.Matcher, None for all)."""
 
-    __slots__ = ("segment", "chunk", "start")
+    __slots__ = ("segment", "chunk", "start", "matcher")
 
     def __init__(self, segment: Segment, chunk: int, start: int):
         self.segment = segment
         self.chunk = chunk
         self.start = start
+        self.matcher = None
 
 
 class StreamQueue:
@@ -181,6 +193,10 @@ class StreamQueue:
         if self.args.max_segment_size is not None and self.args.max_segment_size > MAX_STREAM_MAX_SEGMENT_SIZE:
             raise replies.channel_error(replies.PRECONDITION_FAILED,
                                         "Exceeded max value for x-stream-max-segment-size-bytes")
+        if vhost.core.behaviour.stream_filtering:
+            reason = stream_filter.check_size(self.args.raw.get("x-stream-filter-size-bytes"))
+            if reason:
+                raise replies.channel_error(replies.PRECONDITION_FAILED, reason)
         self.vhost = vhost
         self.name = name
         self.durable = True
@@ -254,6 +270,8 @@ class StreamQueue:
             raise replies.connection_error(replies.NOT_IMPLEMENTED, f"{where} does not support global qos")
         if "x-stream-offset" in args and self._offset_spec(args["x-stream-offset"])[0] == "crash":
             raise Crash()
+        if behaviour.stream_filtering:
+            stream_filter.matcher(args)    # a filter list without a string: osiris' matcher crashes (541)
 
     def _offset_spec(self, v):
         """rabbit_stream_queue:parse_offset_arg/1: ("first"|"last"|"next", None), ("offset", n),
@@ -276,6 +294,13 @@ class StreamQueue:
     # --- the log -------------------------------------------------------------------------------
 
     def would_reject(self, m, channel=None) -> bool:
+        """Never refused; but with filtering, a channel's publish (not a dead letter) whose
+        x-stream-filter-value is not a valid string closes its connection with 541, before any queue
+        takes it: RabbitMQ's publishing channel crashes on it (stream_filter)."""
+        if (channel is not None and getattr(channel, "conn", None) is not None
+                and self.vhost.core.behaviour.stream_filtering
+                and stream_filter.filter_value(m.header) is stream_filter.INVALID):
+            raise Crash()
         return False
 
     def timed(self) -> bool:
@@ -324,7 +349,11 @@ class StreamQueue:
                                   m.body))
             size += RECORD_HEADER_SIZE + len(m.header) + len(m.body)
             offset += 1
-        self._append(Chunk(self.next_offset, wall, records, size))
+        values = frozenset()
+        if self.vhost.core.behaviour.stream_filtering:
+            values = record_values(records)
+            size += stream_filter.filter_bytes(values, self.args.filter_size)
+        self._append(Chunk(self.next_offset, wall, records, size, values))
 
     def _append(self, chunk: Chunk) -> None:
         segment = self.segments[-1]
@@ -409,7 +438,10 @@ class StreamQueue:
         self._write_pending()
         if self.next_offset:
             self._maybe_roll()
-        self.readers[consumer] = self._reader((consumer.arguments or {}).get("x-stream-offset", "next"))
+        args = consumer.arguments or {}
+        reader = self.readers[consumer] = self._reader(args.get("x-stream-offset", "next"))
+        if self.vhost.core.behaviour.stream_filtering:
+            reader.matcher = stream_filter.matcher(args)
         self.consumers.append(consumer)
         self.vhost.core.wants_dispatch(self)
 
@@ -483,9 +515,10 @@ class StreamQueue:
                     break
                 reader.segment, reader.chunk = seg.next, 0
                 continue
-            records = seg.chunks[reader.chunk].records
+            chunk = seg.chunks[reader.chunk]
+            records = chunk.records
             reader.chunk += 1
-            if records is None:
+            if records is None or (reader.matcher is not None and not reader.matcher.matches(chunk.values)):
                 continue
             start = reader.start
             for rec in records:

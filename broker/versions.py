@@ -62,6 +62,10 @@ class Behaviour:
     # x-max-age is kept as its number of milliseconds (4.x: "60m" is equivalent to "1h", and equivalence
     # texts print the milliseconds); 3.10 keeps the text as sent.
     stream_max_age_in_ms: bool
+    # Stream filtering (4.x, from RabbitMQ 3.13): a publish's x-stream-filter-value header goes into its
+    # chunk's filter, x-stream-filter / x-stream-match-unfiltered on basic.consume skip chunks, and
+    # x-stream-filter-size-bytes must be 16..255. 3.10 takes none of these names: it delivers everything.
+    stream_filtering: bool
     # Refusal texts of basic.consume on a stream, formatted with {q} = "queue 'q' in vhost 'v'".
     stream_no_prefetch_text: str
     stream_no_ack_text: str
@@ -212,7 +216,7 @@ BEHAVIOURS = {
                       consumer_arguments=_CONSUMER_ARGUMENTS_310, max_age_needs_digits=False,
                       leader_locators=("client-local", "balanced", "random", "least-leaders"),
                       headers_exact_match=False, sorted_headers=False, stream_dead_letters=False,
-                      stream_max_age_in_ms=False,
+                      stream_max_age_in_ms=False, stream_filtering=False,
                       stream_no_prefetch_text="consumer prefetch count is not set for '{q}'",
                       stream_no_ack_text="automatic acknowledgement not supported by stream queues {q}",
                       delivery_count_annotation=False, quorum_default_delivery_limit=None,
@@ -236,7 +240,7 @@ BEHAVIOURS = {
                      leader_locators=("client-local", "balanced", "random", "least-leaders",
                                       "min-masters"),
                      headers_exact_match=True, sorted_headers=True, stream_dead_letters=True,
-                     stream_max_age_in_ms=True,
+                     stream_max_age_in_ms=True, stream_filtering=True,
                      stream_no_prefetch_text="consumer prefetch count is not set for stream {q}",
                      stream_no_ack_text="automatic acknowledgement not supported by stream {q}",
                      delivery_count_annotation=True, quorum_default_delivery_limit=20,

@@ -10,27 +10,11 @@ RabbitMQ nodes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from brokers import require_rabbitmq
 from spark_amqp_broker import Broker
-
-VERSIONS = ("3.10", "4.3")
-
-
-@dataclass(frozen=True)
-class Target:
-    kind: str         # "embedded" or "rabbitmq"
-    version: str      # the RabbitMQ version it is, or behaves as
-
-    @property
-    def id(self) -> str:
-        return f"{self.kind}-{self.version}"
-
-
-TARGETS = [Target(kind, version) for version in VERSIONS for kind in ("embedded", "rabbitmq")]
+from targets import TARGETS, targets_fixture
 
 
 def _embedded(version: str):
@@ -50,13 +34,7 @@ def embedded_43():
     yield from _embedded("4.3")
 
 
-@pytest.fixture(params=TARGETS, ids=lambda t: t.id)
-def broker_target(request) -> Target:
-    """Which broker a test runs against (one of TARGETS); skips (fails under CI) when that RabbitMQ node is
-    down."""
-    if request.param.kind == "rabbitmq":
-        require_rabbitmq(request.param.version)
-    return request.param
+broker_target = targets_fixture(TARGETS)   # each test four times (a module may assign its own)
 
 
 @pytest.fixture

@@ -77,6 +77,10 @@ class Env:
         self._queues.append(name)
         return name
 
+    def track_exchange(self, name: str) -> str:
+        self._exchanges.append(name)
+        return name
+
     def publish(self, queue: str, bodies, exchange: str = "", **props: Any) -> None:
         ch = self.admin()
         for body in bodies:
