@@ -14,6 +14,12 @@ Offsets: `{"stream": next offset to read}` per stream; a batch reads [start, end
 Spark's Kafka source does. RabbitMQ's offsets can have gaps (one hidden offset where a segment rolls), so
 a range may hold fewer rows than end - start, and a range whose first offset is gone is data loss only
 when more than one offset is missing before the first message read.
+
+Super streams (`superStream`): the streams are the super stream's partitions, found on the driver when the
+query starts and looked for again at every trigger (`StreamLog.refresh`); a partition found later joins
+the offsets at its first offset, so nothing routed to it before is skipped. Stream filtering
+(`streamFilter`): executors ask the broker to skip chunks without the values and drop the other rows of
+the chunks it sends (`RowFilter`); how a filtered range still ends is `_read_filtered`'s docstring.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from ..client import AMQPError, ChannelClosedError, Connection
 from ..client.uri import redact
+from ..codec.fields import FieldError, table_items
 from ..codec.properties import headers_at
 from ..options import connect_kwargs
+from ..super_stream import _exists, find_partitions
 from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
 from . import arrow_rows
 
@@ -56,6 +64,12 @@ RANGE_PREFETCH = 5000
 # range is read at ~100,000 rows/s by one Python worker; a partition's connection costs milliseconds).
 MAX_RANGE = 100_000
 RANGE_IDLE = 30.0
+# The filter value header as publishers send it: shortstr name, then type 'S' (long string).
+FILTER_HEADER = b"\x15x-stream-filter-valueS"
+# Executors, filtered range reads: seconds without a delivery after which the rest of the range is read
+# unfiltered (the broker sends nothing for chunks it skips, so silence cannot tell "done" from "slow"; a
+# safety net: the range's last chunk is made to match, see _read_filtered).
+FILTER_IDLE = 1.0
 
 
 class StreamDataLossError(RuntimeError):
@@ -100,6 +114,62 @@ def split_offsets(deliveries) -> tuple[list[int], list[bytes], bool]:
     return offsets, stripped, first
 
 
+class RowFilter:
+    """Executor. Which rows a read with `streamFilter` keeps: those whose header `x-stream-filter-value` (a
+    long string, as RabbitMQ reads it) is one of the values, and, with `streamMatchUnfiltered`, those
+    without one. The broker filters by chunk (a Bloom filter per chunk) and sends a matching chunk whole,
+    so this runs on every row it sends.
+
+    Cheap on raw property bytes: a row whose bytes lack the header's name has no filter value; otherwise
+    the headers table is split into raw items (no value decoded), once per distinct property bytes
+    (`split_offsets`' bytes without the offset, which a producer's messages with one value share)."""
+
+    def __init__(self, values, match_unfiltered: bool):
+        self.values = frozenset(v.encode("utf-8") for v in values)
+        self.match_unfiltered = bool(match_unfiltered)
+        self._decided: dict[bytes, bool] = {}
+
+    @classmethod
+    def of(cls, options) -> "RowFilter | None":
+        values = options.get("streamFilter")
+        return cls(values, options.get("streamMatchUnfiltered")) if values else None
+
+    def consumer_arguments(self, marker: bytes | None = b"") -> dict:
+        """The consumer arguments that let RabbitMQ 3.13+ skip chunks (an older broker ignores them), with
+        the filter value `marker` added (None: match-unfiltered added; b"": nothing added): see
+        `_read_filtered`."""
+        values = set(self.values) | ({marker} if marker else set())
+        return {"x-stream-filter": sorted(v.decode("utf-8", "replace") for v in values),
+                "x-stream-match-unfiltered": self.match_unfiltered or marker is None}
+
+    def keeps(self, props: bytes) -> bool:
+        """`props`: a row's property bytes (with or without its x-stream-offset entry)."""
+        decided = self._decided.get(props)
+        if decided is None:
+            value = _filter_value(props) if FILTER_HEADER in props else None
+            decided = self.match_unfiltered if value is None else value in self.values
+            if len(self._decided) < 10_000:
+                self._decided[props] = decided
+        return decided
+
+
+def _filter_value(props: bytes) -> bytes | None:
+    """The raw x-stream-filter-value of property bytes whose headers hold it as a long string, else None
+    (the name's bytes inside some other value, or a value of another type: RabbitMQ takes those as
+    unfiltered too)."""
+    pos = headers_at(props)
+    if pos is None:
+        return None
+    try:
+        items = table_items(props[pos:])
+    except FieldError:
+        return None
+    for name, raw in items:
+        if name == "x-stream-filter-value":
+            return raw[5:] if raw[:1] == b"S" else None
+    return None
+
+
 class StreamRange(InputPartition):
     """One partition: offsets [start, end) of one stream (made on the driver, read on an executor)."""
 
@@ -111,20 +181,32 @@ class StreamRange(InputPartition):
 
 
 class StreamLog:
-    """Driver: where streams begin and end, learnt over one connection by short consumes."""
+    """Driver: where streams begin and end, learnt over one connection by short consumes. `streams` are
+    the streams read: options['queue'], or a super stream's partitions (found at the first connection,
+    extended by `refresh`); the options are never changed."""
 
     def __init__(self, options):
         self.options = options
+        self.streams: list[str] = list(options.get("queue") or [])
         self.conn: Connection | None = None
         self._tails: dict | None = None     # the ends the last probe found (watched_tails)
         self._watches: dict = {}            # per stream: a channel consuming from that end, prefetch 1
+        self._found_now = False             # find_partitions ran on this trigger's connection
 
     def connection(self) -> Connection:
         if self.conn is None or not self.conn.is_open:
             self.conn = Connection.open(self.options["uri"], **connect_kwargs(self.options))
+            if self.options.get("superStream") and not self.streams:
+                try:
+                    self.streams = find_partitions(self.conn, self.options)
+                except Exception:
+                    self.close()
+                    raise
+                self._found_now = True
+                return self.conn
             ch = self.conn.channel()
             try:
-                for stream in self.options["queue"]:
+                for stream in self.streams:
                     ch.queue_declare(stream, passive=True)
             except ChannelClosedError as exc:
                 self.close()
@@ -132,6 +214,25 @@ class StreamLog:
                                    "(declare it with x-queue-type=stream first)") from None
             ch.close()
         return self.conn
+
+    def stream_names(self) -> list[str]:
+        """The streams read (a super stream's partitions once the connection has found them)."""
+        self.connection()
+        return self.streams
+
+    def refresh(self) -> list[str]:
+        """Driver, every trigger: a super stream's partitions, with any added since the last trigger. By
+        the naming convention the next name (`NAME-<count>`) is declared passively, one declare a trigger
+        while none appears; listed partitions (`superStreamPartitions`) are fixed."""
+        conn = self.connection()
+        o = self.options
+        if o.get("superStream") and not o.get("superStreamPartitions") and not self._found_now:
+            while _exists(conn, f"{o['superStream']}-{len(self.streams)}"):
+                self.streams.append(f"{o['superStream']}-{len(self.streams)}")
+                log.info("AMQP source: super stream '%s' has a new partition %s", o["superStream"],
+                         self.streams[-1])
+        self._found_now = False
+        return self.streams
 
     def close(self) -> None:
         self._watches = {}
@@ -143,12 +244,13 @@ class StreamLog:
                 pass
         self.conn = None
 
-    def _probe(self, where, wanted: int, idle: float) -> dict[str, list[int]]:
-        """Consume each stream from `where` (an x-stream-offset value) and return the offsets received: up to
-        `wanted` per stream, until no delivery came for `idle` seconds (PROBE_WAIT for the first one)."""
+    def _probe(self, where, wanted: int, idle: float, streams=None) -> dict[str, list[int]]:
+        """Consume each stream (`streams`, default all) from `where` (an x-stream-offset value) and return
+        the offsets received: up to `wanted` per stream, until no delivery came for `idle` seconds
+        (PROBE_WAIT for the first one). Never filtered: probes find where streams end."""
         conn = self.connection()
         channels = {}
-        for stream in self.options["queue"]:
+        for stream in self.streams if streams is None else streams:
             ch = conn.channel()
             ch.basic_qos(min(wanted, PROBE_PREFETCH))
             ch.basic_consume(stream, arguments={"x-stream-offset": where})
@@ -196,7 +298,7 @@ class StreamLog:
 
     def _quiet(self) -> bool:
         """Every stream has a watch, still open, that has received nothing."""
-        return len(self._watches) == len(self.options["queue"]) and all(
+        return len(self._watches) == len(self.streams) and all(
             ch.is_open and not ch.pending_deliveries for ch in self._watches.values())
 
     def _watch(self, tails: dict) -> None:
@@ -215,9 +317,10 @@ class StreamLog:
             log.warning("AMQP source: cannot watch the streams' ends (%s); probing them on every trigger", exc)
             self._watches = {}
 
-    def firsts(self) -> dict[str, int | None]:
-        """Per stream, the first offset still there (None: the stream is empty)."""
-        seen = self._probe("first", 1, 0.0)
+    def firsts(self, streams=None) -> dict[str, int | None]:
+        """Per stream (of `streams`, default all), the first offset still there (None: the stream is
+        empty)."""
+        seen = self._probe("first", 1, 0.0, streams)
         return {s: (v[0] if v else None) for s, v in seen.items()}
 
     def at_timestamp(self, millis: int) -> dict[str, int | None]:
@@ -231,7 +334,7 @@ class StreamLog:
         """Where a new query or a batch read starts, per stream (options startingTimestamp,
         startingOffsets; `default` when neither is given)."""
         o = self.options
-        streams = o["queue"]
+        streams = self.stream_names()
         if o.get("startingTimestamp") is not None:
             at = self.at_timestamp(o["startingTimestamp"])
             tails = self.tails() if any(v is None for v in at.values()) else {}
@@ -283,30 +386,125 @@ def read_range(options, part: StreamRange):
     """Executor. Yields the range's rows as Arrow record batches, read over a connection of its own."""
     conn = Connection.open(options["uri"], **connect_kwargs(options))
     try:
-        ch = conn.channel()
-        ch.basic_qos(min(RANGE_PREFETCH, max(1, part.end - part.start)))
-        ch.basic_consume(part.stream, arguments={"x-stream-offset": part.start})
-        checked = False
+        keep = RowFilter.of(options)
+        if keep is None:
+            yield from _consume(conn, options, part, _Progress(part))
+        else:
+            yield from _read_filtered(conn, options, part, keep)
+    finally:
+        conn.close(timeout=1.0)
+
+
+class _Progress:
+    """Executor: how far a range read has got. `seen`: the highest offset of the range the broker has
+    accounted for (sent, or skipped as a chunk without the filter's values); rows are emitted only past it,
+    so a second consumer over the same offsets emits nothing twice."""
+
+    def __init__(self, part: StreamRange):
+        self.seen = part.start - 1
+        self.done = False           # the broker sent an offset at or past the range's last one
+        self.checked = False        # the range's first offset was checked for retention's losses
+
+
+def _consume(conn, options, part: StreamRange, progress: _Progress, idle: float | None = None,
+             arguments=None, keep=None):
+    """Executor. One consumer from `progress.seen + 1`, yielding the range's rows past `progress.seen` (those
+    `keep` keeps) as record batches, until an offset at or past the range's end arrives (`progress.done`).
+    No delivery for `idle` seconds: return (the caller reads on); without `idle`, fail after RANGE_IDLE
+    (the broker should be sending the range as fast as it can)."""
+    frm = progress.seen + 1
+    ch = conn.channel()
+    try:
+        ch.basic_qos(min(RANGE_PREFETCH, max(1, part.end - frm)))
+        ch.basic_consume(part.stream, arguments={"x-stream-offset": frm, **(arguments or {})})
         while True:
-            got = ch.get_deliveries(arrow_rows.ROWS_PER_RECORD_BATCH, timeout=RANGE_IDLE,
+            got = ch.get_deliveries(arrow_rows.ROWS_PER_RECORD_BATCH, timeout=idle or RANGE_IDLE,
                                     max_bytes=arrow_rows.JVM_BATCH_BYTES)
             if not got:
+                if idle:
+                    return
                 raise RuntimeError(f"stream '{part.stream}': no message arrived for {RANGE_IDLE:.0f} s while "
                                    f"reading offsets [{part.start}, {part.end})")
             ch.basic_ack(got[-1].delivery_tag, multiple=True)    # credit: streams remove nothing
             offsets, stripped, first = split_offsets(got)
-            lo = bisect.bisect_left(offsets, part.start)   # a consumer may start at its chunk's beginning
+            lo = bisect.bisect_right(offsets, progress.seen)   # a consumer may start at its chunk's beginning
             hi = bisect.bisect_left(offsets, part.end)
-            if not checked and lo < len(offsets):
-                checked = True
+            if not progress.checked and lo < len(offsets):
+                progress.checked = True
                 _check_loss(options, part, offsets[lo])
-            if hi > lo:
-                yield arrow_rows.to_record_batch([(part.stream, got[lo:hi])], offsets[lo:hi], stripped[lo:hi],
-                                                 first)
-            if hi < len(offsets) or (offsets and offsets[-1] >= part.end - 1):
+            if keep is None:
+                if hi > lo:
+                    yield arrow_rows.to_record_batch([(part.stream, got[lo:hi])], offsets[lo:hi],
+                                                     stripped[lo:hi], first)
+            else:
+                rows = [i for i in range(lo, hi) if keep.keeps(stripped[i])]
+                if rows:
+                    yield arrow_rows.to_record_batch([(part.stream, [got[i] for i in rows])],
+                                                     [offsets[i] for i in rows], [stripped[i] for i in rows],
+                                                     first)
+            progress.seen = max(progress.seen, min(offsets[-1], part.end - 1))
+            if offsets[-1] >= part.end - 1:
+                progress.done = True
                 return
     finally:
-        conn.close(timeout=1.0)
+        try:
+            ch.close()
+        except AMQPError:
+            pass
+
+
+def _read_filtered(conn, options, part: StreamRange, keep: RowFilter):
+    """Executor. A range read with `streamFilter`. The broker (RabbitMQ 3.13+) skips the chunks whose
+    Bloom filter has none of the values and sends nothing for them, so when the range's last chunks do
+    not match, no delivery of the filtered consumer would reach the range's last offset, and AMQP 0-9-1
+    has no message that says "skipped up to here".
+
+    The signal used instead: one unfiltered delivery from offset end - 1 is the first message of the chunk
+    that holds end - 1 (a stream consumer starts at its offset's chunk). Its filter value (or, without
+    one, match-unfiltered) is added to the consumer's filter, so the broker must send that chunk (a Bloom
+    filter has no false negatives), and the read ends on its deliveries as an unfiltered one does. The
+    added value's rows are dropped like any other (`RowFilter` tests the asked values only); the cost is
+    one delivery and the chunks that hold the added value.
+
+    A safety net that needs no such reasoning about the broker: when no delivery has come for FILTER_IDLE
+    and the range is not done, that consumer is closed and the rest of the range, after the last offset
+    the broker sent, is read unfiltered on a new one, filtered by the same test, never emitting an offset
+    twice. However slow the broker, the rows are the same: the idle time costs speed, never rows. An older
+    broker or ours ignores the filter and sends everything.
+
+    Retention's losses are checked by one unfiltered delivery from the range's start (a filtered
+    consumer's first delivery may be far past it legitimately)."""
+    progress = _Progress(part)
+    first = _first_delivery(conn, part, part.start)
+    progress.checked = True
+    _check_loss(options, part, offset_of(first))
+    marker = _filter_value(_first_delivery(conn, part, part.end - 1).properties_raw)
+    arguments = keep.consumer_arguments(marker)
+    yield from _consume(conn, options, part, progress, FILTER_IDLE, arguments, keep)
+    if not progress.done:
+        log.info("AMQP source: stream '%s' [%d, %d): no delivery for %.1f s under streamFilter; reading "
+                 "the rest from %d unfiltered", part.stream, part.start, part.end, FILTER_IDLE,
+                 progress.seen + 1)
+        yield from _consume(conn, options, part, progress, keep=keep)
+
+
+def _first_delivery(conn, part: StreamRange, offset: int):
+    """Executor. The first delivery of an unfiltered consumer from `offset` (prefetch 1): the first message
+    of the chunk that holds `offset`, or of the first chunk after it."""
+    ch = conn.channel()
+    try:
+        ch.basic_qos(1)
+        ch.basic_consume(part.stream, arguments={"x-stream-offset": offset})
+        got = ch.get_deliveries(1, timeout=RANGE_IDLE)
+        if not got:
+            raise RuntimeError(f"stream '{part.stream}': no message arrived for {RANGE_IDLE:.0f} s while "
+                               f"reading offsets [{part.start}, {part.end})")
+        return got[0]
+    finally:
+        try:
+            ch.close()
+        except AMQPError:
+            pass
 
 
 def _check_loss(options, part: StreamRange, first: int) -> None:
@@ -355,15 +553,24 @@ class StreamModeReader(*_READER_BASES):
         self._until = {s: t for s, t in tails.items() if t is not None}
 
     def latestOffset(self, start: dict, limit) -> dict:
-        """Driver, every trigger: where the next batch ends per stream."""
-        tails = self._driver().watched_tails()
+        """Driver, every trigger: where the next batch ends per stream. A super stream's partition new to
+        `start` (added since the query started, or while it was stopped) enters at its first offset, with
+        nothing read this batch: the next batch reads it from there, and the offsets logged say so, so a
+        re-run plans the same ranges."""
+        log_ = self._driver()
+        streams = log_.refresh()
+        tails = log_.watched_tails()
+        new = [s for s in streams if s not in start] if self.options.get("superStream") else []
+        firsts = log_.firsts(new) if new else {}
         end = {}
-        for s in self.options["queue"]:
+        for s in streams:
             begin = start.get(s)
             tail = tails.get(s)
             if self._until is not None and tail is not None:
                 tail = min(tail, self._until.get(s, tail))
-            if tail is None:
+            if s in firsts:
+                end[s] = firsts[s] or 0
+            elif tail is None:
                 end[s] = begin if begin is not None else 0
             else:
                 end[s] = tail if begin is None else max(begin, tail)
@@ -422,7 +629,7 @@ class StreamBatchReader(DataSourceReader):
             ending = self.options.get("endingOffsets") or "latest"
             tails = log_.tails()
             end = {}
-            for s in self.options["queue"]:
+            for s in log_.streams:
                 given = ending.get(s, -1) if isinstance(ending, dict) else -1   # "latest" or JSON
                 end[s] = (tails[s] or 0) if given == -1 else given
             return split_ranges(start, end, self.options.get("minPartitions"))
