@@ -134,13 +134,12 @@ class RowFilter:
         values = options.get("streamFilter")
         return cls(values, options.get("streamMatchUnfiltered")) if values else None
 
-    def consumer_arguments(self, marker: bytes | None = b"") -> dict:
+    def consumer_arguments(self, also: bytes | None = None, also_unfiltered: bool = False) -> dict:
         """The consumer arguments that let RabbitMQ 3.13+ skip chunks (an older broker ignores them), with
-        the filter value `marker` added (None: match-unfiltered added; b"": nothing added): see
-        `_read_filtered`."""
-        values = set(self.values) | ({marker} if marker else set())
+        the filter value `also`, or match-unfiltered, added to what was asked (see `_read_filtered`)."""
+        values = self.values | ({also} if also else set())
         return {"x-stream-filter": sorted(v.decode("utf-8", "replace") for v in values),
-                "x-stream-match-unfiltered": self.match_unfiltered or marker is None}
+                "x-stream-match-unfiltered": self.match_unfiltered or also_unfiltered}
 
     def keeps(self, props: bytes) -> bool:
         """`props`: a row's property bytes (with or without its x-stream-offset entry)."""
@@ -154,9 +153,9 @@ class RowFilter:
 
 
 def _filter_value(props: bytes) -> bytes | None:
-    """The raw x-stream-filter-value of property bytes whose headers hold it as a long string, else None
-    (the name's bytes inside some other value, or a value of another type: RabbitMQ takes those as
-    unfiltered too)."""
+    """The raw x-stream-filter-value of property bytes whose headers hold it as a long string, else None:
+    without the header, with the empty string (RabbitMQ's "unfiltered"), or with the name's bytes only
+    inside some other value. (RabbitMQ refuses a message whose value is not a string.)"""
     pos = headers_at(props)
     if pos is None:
         return None
@@ -166,7 +165,7 @@ def _filter_value(props: bytes) -> bytes | None:
         return None
     for name, raw in items:
         if name == "x-stream-filter-value":
-            return raw[5:] if raw[:1] == b"S" else None
+            return (raw[5:] or None) if raw[:1] == b"S" else None
     return None
 
 
@@ -478,8 +477,8 @@ def _read_filtered(conn, options, part: StreamRange, keep: RowFilter):
     first = _first_delivery(conn, part, part.start)
     progress.checked = True
     _check_loss(options, part, offset_of(first))
-    marker = _filter_value(_first_delivery(conn, part, part.end - 1).properties_raw)
-    arguments = keep.consumer_arguments(marker)
+    last = _filter_value(_first_delivery(conn, part, part.end - 1).properties_raw)
+    arguments = keep.consumer_arguments(also=last, also_unfiltered=last is None)
     yield from _consume(conn, options, part, progress, FILTER_IDLE, arguments, keep)
     if not progress.done:
         log.info("AMQP source: stream '%s' [%d, %d): no delivery for %.1f s under streamFilter; reading "
