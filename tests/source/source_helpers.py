@@ -114,8 +114,7 @@ class Env:
 
     def super_stream(self, partitions: int = 3, binding_keys: list[str] | None = None) -> str:
         """A fresh super stream (deleted after the test): on RabbitMQ 4.3 made by `rabbitmq-streams
-        add_super_stream`; elsewhere declared as 4.3 declares it (a durable direct exchange with
-        x-super-stream, streams NAME-<key> bound by <key> with x-stream-partition-order). Keys are
+        add_super_stream`, on the embedded broker by `Broker.add_super_stream` (3.10 has none). Keys are
         "0".."N-1" unless `binding_keys` are given."""
         name = self._unique("super")
         keys = binding_keys or [str(i) for i in range(partitions)]
@@ -127,13 +126,12 @@ class Env:
             subprocess.run([RABBITMQ4_CTL, "rabbitmq-streams", "add_super_stream", name, *how], check=True,
                            capture_output=True, timeout=60)
             return name
-        self.channel().exchange_declare(name, "direct", durable=True, arguments={"x-super-stream": True})
-        for i, key in enumerate(keys):
-            self.add_partition(name, key, i)
+        self.broker.add_super_stream(name, None if binding_keys else partitions, binding_keys)
         return name
 
     def add_partition(self, super_stream: str, key: str, order: int) -> str:
-        """Stream `<super_stream>-<key>` bound to the super stream's exchange by `key` as partition `order`."""
+        """Stream `<super_stream>-<key>` bound to the super stream's exchange by `key` as partition `order`
+        (as `add_super_stream` binds its partitions), as a partition added to a running super stream."""
         name = f"{super_stream}-{key}"
         ch = self.channel()
         ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})

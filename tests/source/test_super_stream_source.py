@@ -1,7 +1,7 @@
 """Super streams as a source (`superStream`): every partition stream read as one stream-mode query, offsets
 per partition, a partition added while the query runs read from its first offset. Against the embedded
-broker (the super stream declared as RabbitMQ 4.3's `add_super_stream` declares it) and RabbitMQ 4.3 (made
-by its CLI); 3.10 has no super streams."""
+broker (`Broker.add_super_stream`) and RabbitMQ 4.3 (`rabbitmq-streams add_super_stream`); 3.10 has no
+super streams."""
 
 from __future__ import annotations
 
