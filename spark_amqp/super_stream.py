@@ -56,7 +56,7 @@ class SuperStreamNotFound(RuntimeError):
     """The super stream's first partition (or a listed one) does not exist."""
 
 
-def _exists(conn, stream: str) -> bool:
+def stream_exists(conn, stream: str) -> bool:
     """A passive declare of `stream` on a channel of its own (a 404 closes it)."""
     ch = conn.channel()
     try:
@@ -77,14 +77,14 @@ def find_partitions(conn, options) -> list[str]:
     name = options["superStream"]
     listed = options.get("superStreamPartitions")
     if listed:
-        missing = [s for s in listed if not _exists(conn, s)]
+        missing = [s for s in listed if not stream_exists(conn, s)]
         if missing:
             raise SuperStreamNotFound(
                 f"super stream '{name}': partition stream(s) {', '.join(missing)} listed in "
                 f"superStreamPartitions not found on {redact(options['uri'])}")
         return list(listed)
     found = []
-    while _exists(conn, f"{name}-{len(found)}"):
+    while stream_exists(conn, f"{name}-{len(found)}"):
         found.append(f"{name}-{len(found)}")
     if not found:
         raise SuperStreamNotFound(

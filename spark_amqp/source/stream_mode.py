@@ -33,12 +33,12 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from ..client import AMQPError, ChannelClosedError, Connection
 from ..client.uri import redact
-from ..codec.fields import FieldError, table_items
 from ..codec.properties import headers_at
 from ..options import connect_kwargs
-from ..super_stream import _exists, find_partitions
+from ..super_stream import find_partitions, stream_exists
 from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
 from . import arrow_rows
+from .stream_filter import RowFilter, filter_value
 
 # PySpark >= 4.2: streaming stream mode needs its admission control (datasource.streamReader refuses it
 # before); on 4.0 / 4.1 streams are read by batch reads only.
@@ -64,8 +64,6 @@ RANGE_PREFETCH = 5000
 # range is read at ~100,000 rows/s by one Python worker; a partition's connection costs milliseconds).
 MAX_RANGE = 100_000
 RANGE_IDLE = 30.0
-# The filter value header as publishers send it: shortstr name, then type 'S' (long string).
-FILTER_HEADER = b"\x15x-stream-filter-valueS"
 # Executors, filtered range reads: seconds without a delivery after which the rest of the range is read
 # unfiltered (the broker sends nothing for chunks it skips, so silence cannot tell "done" from "slow"; a
 # safety net: the range's last chunk is made to match, see _read_filtered).
@@ -112,61 +110,6 @@ def split_offsets(deliveries) -> tuple[list[int], list[bytes], bool]:
             first = i == pos + 4
         stripped.append(fixed)
     return offsets, stripped, first
-
-
-class RowFilter:
-    """Executor. Which rows a read with `streamFilter` keeps: those whose header `x-stream-filter-value` (a
-    long string, as RabbitMQ reads it) is one of the values, and, with `streamMatchUnfiltered`, those
-    without one. The broker filters by chunk (a Bloom filter per chunk) and sends a matching chunk whole,
-    so this runs on every row it sends.
-
-    Cheap on raw property bytes: a row whose bytes lack the header's name has no filter value; otherwise
-    the headers table is split into raw items (no value decoded), once per distinct property bytes
-    (`split_offsets`' bytes without the offset, which a producer's messages with one value share)."""
-
-    def __init__(self, values, match_unfiltered: bool):
-        self.values = frozenset(v.encode("utf-8") for v in values)
-        self.match_unfiltered = bool(match_unfiltered)
-        self._decided: dict[bytes, bool] = {}
-
-    @classmethod
-    def of(cls, options) -> "RowFilter | None":
-        values = options.get("streamFilter")
-        return cls(values, options.get("streamMatchUnfiltered")) if values else None
-
-    def consumer_arguments(self, also: bytes | None = None, also_unfiltered: bool = False) -> dict:
-        """The consumer arguments that let RabbitMQ 3.13+ skip chunks (an older broker ignores them), with
-        the filter value `also`, or match-unfiltered, added to what was asked (see `_read_filtered`)."""
-        values = self.values | ({also} if also else set())
-        return {"x-stream-filter": sorted(v.decode("utf-8", "replace") for v in values),
-                "x-stream-match-unfiltered": self.match_unfiltered or also_unfiltered}
-
-    def keeps(self, props: bytes) -> bool:
-        """`props`: a row's property bytes (with or without its x-stream-offset entry)."""
-        decided = self._decided.get(props)
-        if decided is None:
-            value = _filter_value(props) if FILTER_HEADER in props else None
-            decided = self.match_unfiltered if value is None else value in self.values
-            if len(self._decided) < 10_000:
-                self._decided[props] = decided
-        return decided
-
-
-def _filter_value(props: bytes) -> bytes | None:
-    """The raw x-stream-filter-value of property bytes whose headers hold it as a long string, else None:
-    without the header, with the empty string (RabbitMQ's "unfiltered"), or with the name's bytes only
-    inside some other value. (RabbitMQ refuses a message whose value is not a string.)"""
-    pos = headers_at(props)
-    if pos is None:
-        return None
-    try:
-        items = table_items(props[pos:])
-    except FieldError:
-        return None
-    for name, raw in items:
-        if name == "x-stream-filter-value":
-            return (raw[5:] or None) if raw[:1] == b"S" else None
-    return None
 
 
 class StreamRange(InputPartition):
@@ -226,7 +169,7 @@ class StreamLog:
         conn = self.connection()
         o = self.options
         if o.get("superStream") and not o.get("superStreamPartitions") and not self._found_now:
-            while _exists(conn, f"{o['superStream']}-{len(self.streams)}"):
+            while stream_exists(conn, f"{o['superStream']}-{len(self.streams)}"):
                 self.streams.append(f"{o['superStream']}-{len(self.streams)}")
                 log.info("AMQP source: super stream '%s' has a new partition %s", o["superStream"],
                          self.streams[-1])
@@ -477,7 +420,7 @@ def _read_filtered(conn, options, part: StreamRange, keep: RowFilter):
     first = _first_delivery(conn, part, part.start)
     progress.checked = True
     _check_loss(options, part, offset_of(first))
-    last = _filter_value(_first_delivery(conn, part, part.end - 1).properties_raw)
+    last = filter_value(_first_delivery(conn, part, part.end - 1).properties_raw)
     arguments = keep.consumer_arguments(also=last, also_unfiltered=last is None)
     yield from _consume(conn, options, part, progress, FILTER_IDLE, arguments, keep)
     if not progress.done:

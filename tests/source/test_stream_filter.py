@@ -10,7 +10,7 @@ import time
 import pytest
 
 from spark_amqp.codec.properties import encode
-from spark_amqp.source.stream_mode import RowFilter
+from spark_amqp.source.stream_filter import RowFilter
 
 from source_helpers import Collector, checkpoint, needs_admission_control, run_available_now, stream
 
