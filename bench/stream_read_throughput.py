@@ -8,13 +8,17 @@ layout (one stream of N messages, and two streams of N/2):
      consumer, basic.ack(multiple) every 100 deliveries (acks are credit on a stream);
   3. (b) `spark.readStream.format("amqp").option("queueType", "stream")`, startingOffsets=earliest,
      `trigger(availableNow=True)` into the `noop` sink, timed end to end (query start to termination);
-and print msg/s for each and the ratio b/a. While (b) runs, the kernel's per-socket counters (`ss`, see
+and print msg/s for each and the ratio b/a. With --super-stream N the layout is instead a super stream of
+N partitions (made as `rabbitmq-streams add_super_stream` makes it, by `spark_amqp_broker.streams`), filled
+partition by partition: pika reads every partition on one channel, and the source reads it with
+`superStream`. While (b) runs, the kernel's per-socket counters (`ss`, see
 socket_bytes.py) give the bytes each process received from the broker; the driver's share (its Python
 source process) against everything the query received shows that the message data does not pass
 through the driver.
 
     python bench/stream_read_throughput.py [--messages 1000000] [--size 100] [--min-partitions 2]
-                                           [--skip-rabbitmq] [--skip-embedded]
+                                           [--skip-rabbitmq] [--skip-embedded] [--super-stream N]
+                                           [--rabbitmq-url URL]
 """
 
 from __future__ import annotations
@@ -78,6 +82,21 @@ def delete_streams(url: str, names: list[str]) -> None:
         conn.close()
 
 
+def declare_super_stream(url: str, partitions: int) -> tuple[str, list[str]]:
+    """A super stream as `add_super_stream NAME --partitions N` makes it, with the benchmark's segments."""
+    from spark_amqp_broker import streams, super_streams
+    name = f"bench-super-{uuid.uuid4().hex[:10]}"
+    plan = super_streams.plan(name, partitions=partitions,
+                              arguments={"x-stream-max-segment-size-bytes": SEGMENT_BYTES})
+    streams.add_super_stream(url, plan)
+    return name, [f"{name}-{i}" for i in range(partitions)]
+
+
+def delete_super_stream(url: str, name: str, partitions: list[str]) -> None:
+    from spark_amqp_broker import streams
+    streams.delete_super_stream(url, name, partitions)
+
+
 def fill(url: str, streams: list[str], n: int, size: int) -> None:
     for s in streams:
         Publisher(url, s, n // len(streams), size, 1000, 900).run()
@@ -89,11 +108,15 @@ def pika_read(url: str, streams: list[str], n: int, size: int) -> float:
     return n / (c.t1 - c.t0)
 
 
-def spark_read(spark, url: str, streams: list[str], n: int, min_partitions: int | None):
+def spark_read(spark, url: str, streams: list[str], n: int, min_partitions: int | None,
+               super_stream: str | None = None):
     """(msg/s, bytes the driver's source process received, bytes every process received)."""
     checkpoint = tempfile.mkdtemp(prefix="bench-stream-")
-    reader = (spark.readStream.format("amqp").option("uri", url).option("queue", ",".join(streams))
-              .option("queueType", "stream").option("startingOffsets", "earliest"))
+    reader = spark.readStream.format("amqp").option("uri", url).option("startingOffsets", "earliest")
+    if super_stream:
+        reader = reader.option("superStream", super_stream)
+    else:
+        reader = reader.option("queue", ",".join(streams)).option("queueType", "stream")
     if min_partitions:
         reader = reader.option("minPartitions", min_partitions)
     port = urlparse(url).port or 5672
@@ -118,9 +141,15 @@ def main(argv=None) -> int:
                    help="the source's minPartitions (default: one partition per stream)")
     p.add_argument("--skip-rabbitmq", action="store_true")
     p.add_argument("--skip-embedded", action="store_true")
+    p.add_argument("--super-stream", type=int, default=None, metavar="N",
+                   help="read a super stream of N partitions instead of one and two streams")
+    p.add_argument("--rabbitmq-url", default=None,
+                   help="the RabbitMQ node to measure (default amqp://guest:guest@127.0.0.1:5672/%%2F)")
     args = p.parse_args(argv)
 
     spark, proc, embedded, targets = start_targets(args)
+    if args.rabbitmq_url:
+        targets = [t if t.name != "rabbitmq" else type(t)("rabbitmq", args.rabbitmq_url) for t in targets]
     results = []
     try:
         warm = declare_streams(embedded.url, 1)
@@ -128,14 +157,20 @@ def main(argv=None) -> int:
         spark_read(spark, embedded.url, warm, WARM_UP_MESSAGES, None)   # class loading, JIT
         delete_streams(embedded.url, warm)
         for t in targets:
-            for count in (1, 2):
-                streams = declare_streams(t.url, count)
+            for count in ([args.super_stream] if args.super_stream else (1, 2)):
+                if args.super_stream:
+                    name, streams = declare_super_stream(t.url, count)
+                else:
+                    name, streams = None, declare_streams(t.url, count)
                 try:
                     fill(t.url, streams, args.messages, args.size)
                     a = pika_read(t.url, streams, args.messages, args.size)
-                    b, driver, total = spark_read(spark, t.url, streams, args.messages, args.min_partitions)
+                    b, driver, total = spark_read(spark, t.url, streams, args.messages, args.min_partitions, name)
                 finally:
-                    delete_streams(t.url, streams)
+                    if name:
+                        delete_super_stream(t.url, name, streams)
+                    else:
+                        delete_streams(t.url, streams)
                 data = args.messages * args.size
                 results.append((t.name, count, a, b, driver, total, data))
                 print(f"{t.name:<9} {count} stream(s)  pika {a:>9,.0f} msg/s   spark {b:>9,.0f} msg/s   "
