@@ -25,7 +25,7 @@ rules, measured on RabbitMQ 4.3.6:
 
 from __future__ import annotations
 
-from spark_amqp.codec import fields, properties
+from spark_amqp.codec import properties
 
 from .arguments import Crash, is_int, text
 
@@ -51,22 +51,18 @@ def filter_value(header: bytes):
     the key are not decoded."""
     if _KEY not in header:
         return None
-    raw = properties.split(header[12:]).get("headers")
-    if raw is None:
+    value = properties.header_item(header[12:], FILTER_VALUE)
+    if value is None:
         return None
-    for key, value in fields.table_items(raw):
-        if key != FILTER_VALUE:
-            continue
-        if value[:1] != b"S":
-            return INVALID
-        data = bytes(value[5:])
-        if len(data) > UTF8_SCAN_LIMIT or b"\x00" in data:
-            return INVALID
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            return INVALID
-    return None
+    if value[:1] != b"S":
+        return INVALID
+    data = bytes(value[5:])
+    if len(data) > UTF8_SCAN_LIMIT or b"\x00" in data:
+        return INVALID
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return INVALID
 
 
 def chunk_values(values) -> frozenset:

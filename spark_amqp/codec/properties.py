@@ -59,6 +59,18 @@ def headers_at(raw: bytes) -> int | None:
     return pos
 
 
+def header_item(raw: bytes, name: str) -> bytes | None:
+    """The raw tagged value of the header `name` in property bytes `raw` (e.g. b"S" + length + text), None
+    without it or without headers; nothing else is decoded. Raises FieldError for a malformed table."""
+    at = headers_at(raw)
+    if at is None:
+        return None
+    for key, value in fields.table_items(raw[at:]):
+        if key == name:
+            return value
+    return None
+
+
 def split(raw: bytes) -> dict[str, bytes]:
     """{property: its encoded value, exactly as on the wire} for the properties present in `raw`."""
     if len(raw) < 2:

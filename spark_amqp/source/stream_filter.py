@@ -8,8 +8,8 @@ executors (stream_mode.read_range).
 
 from __future__ import annotations
 
-from ..codec.fields import FieldError, table_items
-from ..codec.properties import headers_at
+from ..codec.fields import FieldError
+from ..codec.properties import header_item
 from ..super_stream import FILTER_VALUE_HEADER
 
 # The filter value header as publishers send it: shortstr name, then type 'S' (long string).
@@ -58,14 +58,8 @@ def filter_value(props: bytes) -> bytes | None:
     """The raw x-stream-filter-value of property bytes whose headers hold it as a long string, else None:
     without the header, with the empty string (RabbitMQ's "unfiltered"), or with the name's bytes only
     inside some other value. (RabbitMQ refuses a message whose value is not a string.)"""
-    pos = headers_at(props)
-    if pos is None:
-        return None
     try:
-        items = table_items(props[pos:])
+        raw = header_item(props, FILTER_VALUE_HEADER)
     except FieldError:
         return None
-    for name, raw in items:
-        if name == FILTER_VALUE_HEADER:
-            return (raw[5:] or None) if raw[:1] == b"S" else None
-    return None
+    return (raw[5:] or None) if raw is not None and raw[:1] == b"S" else None
