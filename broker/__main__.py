@@ -30,6 +30,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory-high-watermark", default=None, metavar="BYTES|FRACTION|off",
                    help="block publishers above this many bytes of queued message data: a byte count "
                         "(1073741824), a fraction of total memory (default 0.4, as RabbitMQ) or off")
+    p.add_argument("--consumer-timeout", type=int, default=None, metavar="MS",
+                   help="milliseconds a delivery may stay unacked before it times out (default 1800000, "
+                        "as RabbitMQ's consumer_timeout)")
+    p.add_argument("--channel-tick-interval", type=int, default=None, metavar="MS",
+                   help="milliseconds between a channel's ticks, when 3.10 checks the consumer timeout "
+                        "(default 60000, as RabbitMQ's channel_tick_interval)")
     tls = p.add_argument_group("TLS (amqps) listener, beside the plain one")
     tls.add_argument("--tls-port", type=int, default=None, metavar="PORT",
                      help="port of the TLS listener (none by default; 5671 is usual; 0 = ephemeral)")
@@ -72,7 +78,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
                  "tls_port": args.tls_port, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
                  "tls_ca": args.tls_ca, "tls_verify_peer": args.tls_verify_peer,
                  "definitions": args.definitions, "memory_high_watermark": args.memory_high_watermark,
-                 "ssl_cert_login_from": args.ssl_cert_login_from, "rabbitmq_version": args.rabbitmq_version}
+                 "ssl_cert_login_from": args.ssl_cert_login_from, "rabbitmq_version": args.rabbitmq_version,
+                 "consumer_timeout": args.consumer_timeout, "channel_tick_interval": args.channel_tick_interval}
     if args.config:
         return BrokerConfig.from_toml(args.config, **overrides)
     values = {k: v for k, v in overrides.items() if v is not None}

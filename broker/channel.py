@@ -8,6 +8,7 @@ channel.close or connection.close by the connection.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 from operator import itemgetter
@@ -20,6 +21,8 @@ from . import access, arguments
 from .message import ACK, DISCARD, DOWN, DROP, REJECT, RETURN, Message
 from .arguments import Crash
 
+log = logging.getLogger("broker.channel")
+
 # AMQP field-type tags as RabbitMQ names them in error texts.
 _FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "long", b"t": "bool",
                      b"F": "table", b"b": "byte", b"d": "double", b"f": "float", b"T": "timestamp",
@@ -27,6 +30,13 @@ _FIELD_TYPE_NAMES = {b"S": "longstr", b"s": "short", b"I": "signedint", b"l": "l
                      b"i": "unsignedint", b"B": "unsignedbyte"}
 
 OPEN, CLOSING = "open", "closing"
+
+INFINITY = float("inf")
+
+# How a settlement reaches a quorum queue on 4.x (rabbit_fifo): by a return command (nack or reject with requeue,
+# recover), or by a settle or discard one (ack, nack or reject without requeue). They differ for a consumer the
+# queue timed out (see Channel.settle).
+_RETURN_PATH = frozenset((RETURN, REJECT))
 
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
 
@@ -48,13 +58,24 @@ def _parse_expiration(text: str):
         return None, f"{{value_too_large,{n}}}"
     return n, None
 
-# The message of an unacked delivery's entry (message, queue, consumer or None), for a C-level loop (map).
+# The message of an unacked delivery's entry (message, queue, consumer or None, deadline), for a C-level loop
+# (map).
 _MESSAGE = itemgetter(0)
+
+
+def timed_out_error(channel: int, timeout: int) -> replies.AMQPError:
+    """The channel.close of a consumer timeout (rabbit_channel: 406, naming no method). 4.x gives -1 for the
+    timeout when a quorum queue's consumer cannot be cancelled instead (a client without
+    consumer_cancel_notify, a basic.get, a consumer the client cancelled)."""
+    return replies.AMQPError(
+        replies.PRECONDITION_FAILED,
+        f"delivery acknowledgement on channel {channel} timed out. Timeout value used: {timeout} ms. "
+        "This timeout value can be configured, see consumers doc guide to learn more", hard=False)
 
 
 class Consumer:
     __slots__ = ("tag", "tag_bytes", "queue", "channel", "no_ack", "exclusive", "prefetch", "unacked",
-                 "arguments")
+                 "arguments", "timeout", "timed_out", "stalled")
 
     def __init__(self, tag, queue, channel, no_ack, exclusive, prefetch, arguments):
         self.tag = tag
@@ -66,6 +87,12 @@ class Consumer:
         self.prefetch = prefetch      # per-consumer limit (basic.qos global=false), 0 = none
         self.unacked = 0
         self.arguments = arguments
+        self.timeout = None           # ms a delivery to it may stay unacked (None: never times out)
+        # 4.x quorum queues: the delivery tags the queue took back at their timeout and the client has not
+        # settled yet (the consumer gets nothing while there are any), and whether, all of them settled by
+        # a return, it waits for its next settlement to be served again (rabbit_fifo's service queue).
+        self.timed_out: set = set()
+        self.stalled = False
 
     def can_take(self) -> bool:
         """Whether the queue may deliver to this consumer now: its channel is open, its connection takes
@@ -89,7 +116,9 @@ class Channel:
         self.state = OPEN
         self.vhost = conn.vhost
         self.consumers: dict[str, Consumer] = {}
-        self.unacked: dict[int, tuple] = {}   # delivery tag -> (message, queue, consumer or None)
+        # delivery tag -> (message, queue, consumer or None for basic.get, deadline: the clock's ms after which
+        # it times out, or None)
+        self.unacked: dict[int, tuple] = {}
         self.next_tag = 1
         self.settled_below = 1                # no tag below this is in `unacked` (see settle)
         self.prefetch_consumer = 0            # basic.qos global=false: applies to later consumers
@@ -104,14 +133,34 @@ class Channel:
         # transactions: publishes and settlements wait here for tx.commit
         self.transactional = False
         self.tx_ops: list[tuple] = []
+        # The consumer timeout. `due`: when the core's clock must next call `on_due` (INFINITY: never). 3.10:
+        # the channel's tick, from its opening, with the timeout read then; 4.x: the earliest deadline of a
+        # quorum queue delivery. `timed_out` (4.x): delivery tag -> (queue, consumer or None) of deliveries
+        # a quorum queue took back at their deadline: settling one tells only the queue.
+        core = conn.core
+        self.timed_out: dict[int, tuple] = {}
+        if core.behaviour.consumer_timeout_on_channel_tick:
+            self.timeout = core.config.consumer_timeout
+            self.due = core.now() + core.config.channel_tick_interval
+            core.timed_channels.add(self)
+        else:
+            self.timeout = None
+            self.due = INFINITY
 
     # --- delivery (called by queues) -----------------------------------------------------------
 
-    def deliver(self, consumer: Consumer, queue, m: Message) -> None:
+    def deliver(self, consumer: Consumer, queue, m: Message, now: float) -> None:
         tag = self.next_tag
         self.next_tag = tag + 1
         if not consumer.no_ack:
-            self.unacked[tag] = (m, queue, consumer)
+            timeout = consumer.timeout
+            if timeout is None:
+                self.unacked[tag] = (m, queue, consumer, None)
+            else:
+                deadline = now + timeout
+                self.unacked[tag] = (m, queue, consumer, deadline)
+                if deadline < self.due:
+                    self._arm(now, deadline)
             consumer.unacked += 1
         if m.pid:
             self._journal_delivery(m, consumer.no_ack)
@@ -125,6 +174,121 @@ class Channel:
             store.removed((m,))
         else:
             store.delivered(m)
+
+    # --- the consumer timeout ----------------------------------------------------------------------
+
+    def _timeout_for(self, queue, consumer_arguments) -> int | None:
+        """How long a delivery from `queue` may stay unacked, for a consumer with `consumer_arguments` (None:
+        basic.get). 3.10: the channel's timeout, whatever the queue; 4.x: the queue's say (quorum queues
+        only)."""
+        if self.conn.core.behaviour.consumer_timeout_on_channel_tick:
+            return self.timeout
+        return queue.consumer_timeout(consumer_arguments)
+
+    def _arm(self, now: float, deadline: float) -> None:
+        """A delivery whose deadline comes before the channel's next check. 3.10: a stopped tick starts again
+        (a channel that hibernated idle wakes and restarts its tick timer); 4.x: the check moves to it."""
+        core = self.conn.core
+        if core.behaviour.consumer_timeout_on_channel_tick:
+            if self.due != INFINITY:
+                return
+            self.due = now + core.config.channel_tick_interval
+        else:
+            self.due = deadline
+        core.timed_channels.add(self)
+
+    def on_due(self, now: float) -> None:
+        """The core's clock reached `due`: every tick (3.10) or expiry (4.x) due by `now`, in turn (each moves
+        `due` past the one it ran, or closes the channel)."""
+        on_tick = self.conn.core.behaviour.consumer_timeout_on_channel_tick
+        while self.state is OPEN and self.due <= now:
+            if on_tick:
+                self._tick()
+            else:
+                self._expire(now)
+        if self.state is not OPEN:
+            self.conn.core.timed_channels.discard(self)
+
+    def _tick(self) -> None:
+        """3.10's channel tick (rabbit_channel:evaluate_consumer_timeout): the oldest unacked delivery older
+        than the timeout at the tick closes the channel. A channel holding nothing stops ticking (RabbitMQ
+        cancels the tick timer of a channel that hibernates with nothing unacked) until its next delivery."""
+        core = self.conn.core
+        tick = self.due
+        if not self.unacked:
+            self.due = INFINITY
+            core.timed_channels.discard(self)
+            return
+        oldest = next(iter(self.unacked.values()))
+        if oldest[3] is not None and oldest[3] < tick:
+            consumer = oldest[2]
+            log.warning("consumer '%s' on channel %s of AMQP connection %s has timed out waiting for delivery "
+                        "acknowledgement; timeout used: %s ms", consumer.tag if consumer else "basic.get",
+                        self.number, self.conn.peer, self.timeout)
+            self.conn.channel_exception(self, timed_out_error(self.number, self.timeout))
+            return
+        self.due = tick + core.config.channel_tick_interval
+
+    def _expire(self, now: float) -> None:
+        """4.x (rabbit_fifo:apply({timeout, evaluate_consumer_timeout})): every quorum queue delivery past its
+        deadline goes back to its queue, not as a failed delivery; each consumer that had one is sent
+        basic.cancel (it stays on the channel, and gets nothing more until the client settles those
+        delivery tags); the channel is closed instead (406, "-1 ms") when a basic.get timed out, or a
+        consumer the client cancelled or a client without consumer_cancel_notify."""
+        core = self.conn.core
+        unacked = self.unacked
+        expired = []
+        for tag, e in [(tag, e) for tag, e in unacked.items() if e[3] is not None and e[3] <= now]:
+            if e[1].deleted:         # a deleted queue times out nothing: its deliveries only wait for acks
+                unacked[tag] = (e[0], e[1], e[2], None)
+            else:
+                del unacked[tag]
+                expired.append((tag, e))
+        self.due = min((e[3] for e in self.unacked.values() if e[3] is not None), default=INFINITY)
+        if self.due == INFINITY:
+            core.timed_channels.discard(self)
+        groups: dict = {}       # (queue, consumer) -> (queue, consumer, tags, messages)
+        for tag, (m, q, consumer, _deadline) in expired:
+            group = groups.setdefault((id(q), id(consumer)), (q, consumer, [], []))
+            group[2].append(tag)
+            group[3].append(m)
+        for q, consumer, tags, msgs in groups.values():
+            for tag in tags:
+                self.timed_out[tag] = (q, consumer)
+            if consumer is not None:
+                consumer.unacked -= len(tags)
+                consumer.timed_out.update(tags)
+            q.timed_out(consumer, msgs, now)
+        close = False
+        notify = self.conn.capabilities.get("consumer_cancel_notify")
+        for q, consumer, tags, _msgs in groups.values():
+            log.warning("consumer '%s' on channel %s of AMQP connection %s has timed out waiting for "
+                        "acknowledgement of %d delivery(ies) from %s; timeout used: %s ms",
+                        consumer.tag if consumer else "basic.get", self.number, self.conn.peer, len(tags),
+                        arguments.rs(q.name, q.vhost.name), consumer.timeout if consumer else "-")
+            if consumer is not None and notify and consumer.tag in self.consumers:
+                self.reply(C.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            else:
+                close = True
+        if close:
+            self.conn.channel_exception(self, timed_out_error(self.number, -1))
+
+    def _settle_timed_out(self, tags, outcome: str) -> None:
+        """The client settled delivery tags a quorum queue took back at their timeout (4.x): the messages are
+        not touched (they are back in the queue); the consumer is served again once it has settled all of
+        them, by a return (nack or reject with requeue, recover) only at its next settlement."""
+        entries = [(tag, self.timed_out.pop(tag)) for tag in tags]
+        if self.transactional:
+            self.tx_ops.append(("timed_out", entries, outcome))
+            return
+        self._apply_timed_out(entries, outcome)
+
+    def _apply_timed_out(self, entries: list, outcome: str) -> None:
+        for tag, (q, consumer) in entries:
+            if consumer is not None and tag in consumer.timed_out:
+                consumer.timed_out.discard(tag)
+                if not consumer.timed_out:
+                    q.untimeout(consumer, serve=outcome not in _RETURN_PATH)
 
     def cancel_by_broker(self, consumer: Consumer) -> None:
         """The queue went away: forget the consumer and tell the client if it understands
@@ -266,6 +430,8 @@ class Channel:
             raise replies.connection_error(replies.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         q.check_consume(self, m)   # the queue type's rules: arguments, exclusive use, prefetch
         consumer = Consumer(tag, q, self, m.no_ack, m.exclusive, self.prefetch_consumer, m.arguments)
+        if not m.no_ack:
+            consumer.timeout = self._timeout_for(q, m.arguments or {})
         self.consumers[tag] = consumer
         q.last_used = self.conn.core.now()
         if not m.nowait:
@@ -284,15 +450,20 @@ class Channel:
         access.queue_read(self, m)
         q = self._queue_named(m.queue)
         core = self.conn.core
-        q.last_used = core.now()
-        msg = q.take(core.now(), m.no_ack)
+        now = core.now()
+        q.last_used = now
+        msg = q.take(now, m.no_ack)
         if msg is None:
             self.reply(C.Basic.GetEmpty())
             return
         tag = self.next_tag
         self.next_tag = tag + 1
         if not m.no_ack:
-            self.unacked[tag] = (msg, q, None)
+            timeout = self._timeout_for(q, None)
+            deadline = None if timeout is None else now + timeout
+            self.unacked[tag] = (msg, q, None, deadline)
+            if deadline is not None and deadline < self.due:
+                self._arm(now, deadline)
         if msg.pid:
             self._journal_delivery(msg, m.no_ack)
         self.reply(methods.unchecked(C.Basic.GetOk, delivery_tag=tag, redelivered=msg.redelivered,
@@ -325,7 +496,7 @@ class Channel:
     def _check_recover(self):
         """RabbitMQ 3.10 crashes the channel (541) requeueing unacked stream deliveries; 4.x settles them,
         which gives their credit back and redelivers nothing."""
-        if not self.conn.core.behaviour.stream_settle and any(q.is_stream for _m, q, _c in self.unacked.values()):
+        if not self.conn.core.behaviour.stream_settle and any(e[1].is_stream for e in self.unacked.values()):
             raise Crash()
 
     def on_basic_publish(self, m):
@@ -355,6 +526,8 @@ class Channel:
         for op in ops:
             if op[0] == "publish":
                 self.route_message(*op[1:])
+            elif op[0] == "timed_out":
+                self._apply_timed_out(op[1], op[2])
             else:
                 _op, entries, outcome = op
                 self._apply_settle(list(map(itemgetter(1), entries)), outcome)
@@ -365,9 +538,13 @@ class Channel:
             raise replies.channel_error(replies.PRECONDITION_FAILED, "channel is not transactional")
         ops, self.tx_ops = self.tx_ops, []
         restored = [entry for op in ops if op[0] == "settle" for entry in op[1]]
-        if restored:  # settlements rolled back: those deliveries are unacked again
+        self.timed_out.update(entry for op in ops if op[0] == "timed_out" for entry in op[1])
+        if restored:  # settlements rolled back: those deliveries are unacked again, with their deadlines
             self.unacked = dict(sorted([*self.unacked.items(), *restored]))
             self.settled_below = min(self.settled_below, *(t for t, _entry in restored))
+            deadlines = [entry[3] for _t, entry in restored if entry[3] is not None]
+            if deadlines and min(deadlines) < self.due:
+                self._arm(self.conn.core.now(), min(deadlines))
         self.reply(C.Tx.RollbackOk())
 
     # --- settlement ----------------------------------------------------------------------------
@@ -377,8 +554,13 @@ class Channel:
         unacked = self.unacked
         if tag not in unacked and not (multiple and tag == 0):
             # rabbit_channel:collect_acks: with or without `multiple`, the tag itself must be
-            # outstanding; multiple with tag 0 means "everything outstanding" (spec 1.8.3.13).
-            raise replies.channel_error(replies.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            # outstanding; multiple with tag 0 means "everything outstanding" (spec 1.8.3.13). A tag whose
+            # delivery timed out (4.x) is still outstanding for the channel.
+            if tag not in self.timed_out:
+                raise replies.channel_error(replies.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            if not multiple:
+                self._settle_timed_out((tag,), outcome)
+                return
         if not multiple:
             tags = (tag,)
             below = tag + 1 if tag == self.settled_below else self.settled_below
@@ -391,6 +573,11 @@ class Channel:
             upto = self.next_tag - 1 if tag == 0 else tag
             tags = [t for t in range(self.settled_below, upto + 1) if t in unacked]
             below = upto + 1
+            if self.timed_out:
+                # Settled first: rabbit_fifo takes the consumer out of its timeout before it settles the rest.
+                timed_out = [t for t in self.timed_out if t <= upto]
+                if timed_out:
+                    self._settle_timed_out(timed_out, outcome)
         if outcome != ACK and not self.conn.core.behaviour.stream_settle:
             for t in tags:
                 if unacked[t][1].is_stream:
@@ -405,17 +592,17 @@ class Channel:
         self._apply_settle([unacked.pop(tag)] if not multiple else list(map(unacked.pop, tags)), outcome)
 
     def _apply_settle(self, settled: list, outcome: str) -> None:
-        """Settle deliveries taken out of `unacked`: `settled` holds their (message, queue, consumer or None)
-        entries. Runs for every ack a consumer sends, one delivery or (basic.ack(multiple)) 100,000 at once,
-        so the loop over them does only what every outcome needs; requeue and drop group their messages after
-        it. (Settling a 100,000-delivery ack took 308-324 ns a delivery when each turn also tested the outcome
-        and `settle` gathered the tags in a Python loop, 121-123 since, microbenchmark; py-spy had put a
-        sixth of the broker's samples there while the read benchmark's source drained it.)"""
+        """Settle deliveries taken out of `unacked`: `settled` holds their (message, queue, consumer or None,
+        deadline) entries. Runs for every ack a consumer sends, one delivery or (basic.ack(multiple)) 100,000
+        at once, so the loop over them does only what every outcome needs; requeue and drop group their
+        messages after it. (Settling a 100,000-delivery ack took 308-324 ns a delivery when each turn also
+        tested the outcome and `settle` gathered the tags in a Python loop, 121-123 since, microbenchmark;
+        py-spy had put a sixth of the broker's samples there while the read benchmark's source drained it.)"""
         core = self.conn.core
         if outcome == ACK and core.store is not None:
             core.store.removed(list(map(_MESSAGE, settled)))
         touched = {}
-        for _m, q, consumer in settled:
+        for _m, q, consumer, _deadline in settled:
             if consumer is not None:
                 consumer.unacked -= 1
             touched[id(q)] = q
@@ -423,7 +610,7 @@ class Channel:
             # Each queue settles its own deliveries (requeue, dead-letter, count); on acks only a queue that
             # tracks settlement (quorum queues: consumers, basic.get holds) hears of them.
             by_queue: dict = {}
-            for m, q, consumer in settled:
+            for m, q, consumer, _deadline in settled:
                 by_queue.setdefault(id(q), (q, []))[1].append((m, consumer))
             now = core.now()
             for q, entries in by_queue.values():
@@ -436,7 +623,9 @@ class Channel:
 
     def requeue_all(self, outcome: str) -> None:
         """Every unacked delivery back to its queue: `outcome` RETURN (basic.recover) or DOWN (the channel
-        closed)."""
+        closed). basic.recover returns the tags of timed-out deliveries too (4.x), as one return command."""
+        if outcome == RETURN and self.timed_out:
+            self._settle_timed_out(list(self.timed_out), outcome)
         settled = list(self.unacked.values())
         self.unacked.clear()
         if settled:
@@ -618,6 +807,8 @@ class Channel:
     def close(self) -> None:
         """Channel closed (either side) or connection gone: requeue unacked, drop consumers."""
         self.state = CLOSING
+        self.conn.core.timed_channels.discard(self)
+        self.timed_out.clear()
         for op in self.tx_ops:  # settlements of an uncommitted transaction never happened
             if op[0] == "settle":
                 self.unacked.update(op[1])

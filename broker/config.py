@@ -46,6 +46,13 @@ class BrokerConfig:
     # on 4.3, 128 MiB on 3.10).
     max_message_size: int | None = None
     max_connections: int | None = None
+    # Milliseconds a delivery may stay unacked (RabbitMQ's `consumer_timeout`, 30 minutes by default): how it
+    # times out depends on the version (versions.Behaviour.consumer_timeout_on_channel_tick). As RabbitMQ, a
+    # channel reads it when it opens (3.10), a consumer or basic.get when it starts (4.x).
+    consumer_timeout: int = limits.DEFAULT_CONSUMER_TIMEOUT
+    # Milliseconds between a channel's ticks (RabbitMQ's `channel_tick_interval`): on 3.10, when a channel
+    # checks its consumer timeout.
+    channel_tick_interval: int = limits.DEFAULT_CHANNEL_TICK_INTERVAL
     # Bytes of message data (bodies and content headers) held in queues above which publishers are
     # blocked (connection.blocked), as RabbitMQ's vm_memory_high_watermark does: an int is a byte count
     # (RabbitMQ's vm_memory_high_watermark.absolute), a float in (0, 1] a fraction of the machine's total
@@ -83,6 +90,11 @@ class BrokerConfig:
             raise ValueError(f"channel_max must be 1..65535, got {self.channel_max}")
         if self.heartbeat < 0:
             raise ValueError(f"heartbeat must be >= 0 seconds, got {self.heartbeat}")
+        for key, least in (("consumer_timeout", 0), ("channel_tick_interval", 1)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{key} must be a number of milliseconds"
+                                 f"{', at least 1' if least else ''}, got {value!r}")
         self._check_access()
         self._check_tls()
         self.memory_limit = memory_limit(self.memory_high_watermark)

@@ -365,6 +365,10 @@ class Connection:
         self.channels[number] = Channel(self, number)
         self.send_method(number, C.Channel.OpenOk())
 
+    def channel_exception(self, ch: Channel, exc: replies.AMQPError) -> None:
+        """A channel exception raised outside a frame's handling (the consumer timeout, on the clock)."""
+        self._exception_on(ch, exc)
+
     def _exception_on(self, ch: Channel, exc: replies.AMQPError) -> None:
         if exc.hard:
             raise exc

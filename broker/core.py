@@ -1,5 +1,6 @@
 """The broker's shared state: users, virtual hosts, live connections, and the work that runs after
-each read or on the clock (dispatch to consumers, TTL expiry, x-expires, heartbeats, memory alarm).
+each read or on the clock (dispatch to consumers, TTL expiry, x-expires, consumer timeouts, heartbeats, memory
+alarm).
 
 Still sans-I/O: the server calls `run_dispatch()` and `tick()` and drains `dirty` connections.
 """
@@ -47,6 +48,7 @@ class BrokerCore:
         self.dirty: set = set()          # connections with output to write
         self.to_dispatch: dict = {}      # queues that may be able to deliver (insertion-ordered set)
         self.timed_queues: set = set()   # queues with x-expires or messages carrying a deadline
+        self.timed_channels: set = set() # channels whose consumer timeout is due at `channel.due`
         self.queued_bytes = 0            # bytes of message data held in queues: the memory alarm's measure
         self.alarm = False
         self._next_memory_check = self.now() + limits.MEMORY_CHECK_INTERVAL * 1000
@@ -137,6 +139,10 @@ class BrokerCore:
                 q.vhost.delete_queue(q)
             elif not q.timed():
                 self.timed_queues.discard(q)
+        if self.timed_channels:
+            for ch in list(self.timed_channels):
+                if ch.due <= now:
+                    ch.on_due(now)
         for conn in list(self.connections):
             conn.tick(now)
             if conn.closed:

@@ -49,6 +49,14 @@ DEFAULT_MEMORY_HIGH_WATERMARK = 0.4
 # 1000 ms). The alarm is set or cleared only then, never per message, so it cannot flap faster than this.
 MEMORY_CHECK_INTERVAL = 1.0
 
+# RabbitMQ's default `consumer_timeout` (rabbit.app), milliseconds: 30 minutes. A delivery held unacked longer
+# times out (versions.Behaviour.consumer_timeout_on_channel_tick says how).
+DEFAULT_CONSUMER_TIMEOUT = 1_800_000
+
+# RabbitMQ's default `channel_tick_interval` (rabbit.app), milliseconds: how often a channel ticks, and so, on
+# 3.10, how often it checks its consumer timeout.
+DEFAULT_CHANNEL_TICK_INTERVAL = 60_000
+
 # A quorum queue's own tick, seconds: RabbitMQ's Ra ticks every quorum queue every 5 s from its start
 # (ra's tick_timeout), and rabbit_fifo checks x-expires only then: an unused queue goes at the first tick past
 # its expiry.

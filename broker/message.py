@@ -18,7 +18,8 @@ REJECT = "reject"      # basic.reject(requeue=true): back to the queue, the deli
 DOWN = "down"          # the channel closed or the connection went with the delivery unacked: back, failed
 DROP = "drop"          # basic.nack(requeue=false): removed, dead-lettered as rejected
 DISCARD = "discard"    # basic.reject(requeue=false): removed, dead-lettered as rejected, the delivery failed
-RETURNED = frozenset((RETURN, REJECT, DOWN))
+TIMEOUT = "timeout"    # 4.x: a quorum queue took the delivery back at its consumer timeout: back, not failed
+RETURNED = frozenset((RETURN, REJECT, DOWN, TIMEOUT))
 FAILED = frozenset((REJECT, DOWN, DISCARD))     # what 4.x counts in a message's delivery count
 
 # Properties the broker itself acts on; a header whose flags carry none of them is not parsed.

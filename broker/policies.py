@@ -13,9 +13,9 @@ queue's own arguments, as RabbitMQ does (rabbit_policy, rabbit_policies, rabbit_
   `overflow` and `queue-version`. Operator policies take only the version's operator keys.
 - What a queue acts on is the merged definition resolved against its x-arguments per key (`effective`):
   see RESOLVE.
-- Keys the version's RabbitMQ recognises but this broker does not act on (ha-*, queue-mode, consumer-timeout,
-  ...) are accepted and named in a WARNING (`broker.policies` logger) when the policy is set; keys the
-  version does not recognise are refused, as RabbitMQ refuses them.
+- Keys the version's RabbitMQ recognises but this broker does not act on (ha-*, queue-mode,
+  consumer-disconnected-timeout, ...) are accepted and named in a WARNING (`broker.policies` logger) when the
+  policy is set; keys the version does not recognise are refused, as RabbitMQ refuses them.
 
 Definitions are checked as RabbitMQ checks them (rabbit_policy:policy_validation, rabbit_policies:
 validate_policy0) and refused with `PolicyError`, whose text is what rabbitmqctl prints after "Validation
@@ -40,7 +40,7 @@ MAX_STREAM_MAX_SEGMENT_SIZE = 3_000_000_000
 # The keys the broker acts on; every other key a version recognises is accepted and logged as not supported.
 IMPLEMENTED = frozenset("""alternate-exchange dead-letter-exchange dead-letter-routing-key dead-letter-strategy
     message-ttl expires max-length max-length-bytes overflow delivery-limit max-age stream-max-segment-size-bytes
-    queue-leader-locator""".split())
+    queue-leader-locator consumer-timeout""".split())
 
 # How each queue type resolves a key set both by the policy and by an x-argument (rabbit_amqqueue_process:
 # process_args_policy, rabbit_quorum_queue:gather_policy_config / dead_letter_handler, rabbit_stream_queue:
@@ -51,7 +51,7 @@ RESOLVE = {
               "message-ttl": "min", "max-length": "min", "max-length-bytes": "min", "overflow": "arg"},
     QUORUM: {"max-length": "min", "max-length-bytes": "min", "overflow": "policy", "expires": "min",
              "message-ttl": "min", "dead-letter-exchange": "arg", "dead-letter-routing-key": "arg",
-             "dead-letter-strategy": "arg", "delivery-limit": "delivery-limit"},
+             "dead-letter-strategy": "arg", "delivery-limit": "delivery-limit", "consumer-timeout": "min"},
     STREAM: {"max-length-bytes": "policy", "max-age": "policy", "stream-max-segment-size-bytes": "policy"},
 }
 

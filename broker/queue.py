@@ -203,6 +203,10 @@ class Queue:
     def all_consumers(self) -> list:
         return self.consumers
 
+    def consumer_timeout(self, consumer_arguments) -> None:
+        """4.x never times out a classic queue's deliveries (3.10's channel does, whatever the queue)."""
+        return None
+
     def check_consume(self, channel, m) -> None:
         """basic.consume: the consumer arguments (rabbit_amqqueue:check_consume_arguments), then exclusive
         use: an exclusive consumer, or an exclusive consume while others consume, is refused (403)."""
@@ -245,7 +249,7 @@ class Queue:
             if consumer is None:
                 self.vhost.dead_letter(self, [m], "expired")
             else:
-                consumer.channel.deliver(consumer, self, m)
+                consumer.channel.deliver(consumer, self, m, now)
             return
         if ttl is not None:
             m.expires_at = now + ttl
@@ -441,7 +445,7 @@ class Queue:
                     if m is None:
                         self._rr = start + k + 1
                         return False
-                    c.channel.deliver(c, self, m)
+                    c.channel.deliver(c, self, m, now)
                     progressed = True
                     sent += 1
                     if len(consumers) != n:

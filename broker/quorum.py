@@ -22,6 +22,10 @@ What a client sees, and so what this module keeps:
   also counts cancelled consumers that still hold messages and unsettled basic.gets.
 - Dead letters at most once (published as they go), or at least once (kept, counted against the limits,
   retried until every queue the dead-letter exchange routes them to took them).
+- 4.x's consumer timeout: a delivery unacked past its consumer's timeout (x-consumer-timeout, else the lower
+  of the queue's argument and policy, else the broker's consumer_timeout) comes back (x-acquired-count, not a
+  failed delivery), and its consumer gets nothing more until the client has settled those delivery tags; a
+  single active consumer left holding nothing makes way for the next one (the channel does the rest).
 
 The effective value of each setting comes from `effective_config`, from the queue's arguments resolved with
 its policy (policies.effective).
@@ -37,7 +41,7 @@ from spark_amqp.codec import fields, properties, replies
 
 from . import arguments, limits, policies
 from .arguments import QUORUM, rs
-from .message import ACK, DISCARD, DOWN, FAILED, RETURNED, Message
+from .message import ACK, DISCARD, DOWN, FAILED, RETURNED, TIMEOUT, Message
 
 # rabbit_fifo (4.x): priorities 0..31, a message without a priority property is 4.
 MAX_PRIORITY = 31
@@ -63,6 +67,7 @@ class QuorumConfig:
     dead_letter_routing_key: str | None
     at_least_once: bool
     single_active: bool
+    consumer_timeout: int | None = None   # 4.x: the lower of x-consumer-timeout and the policy's consumer-timeout
 
 
 def effective_config(args: dict, behaviour) -> QuorumConfig:
@@ -94,6 +99,7 @@ def effective_config(args: dict, behaviour) -> QuorumConfig:
         at_least_once=(exchange is not None and reject_publish
                        and lookup("dead-letter-strategy") == "at-least-once"),
         single_active=args.get("x-single-active-consumer") is True,
+        consumer_timeout=lookup("consumer-timeout") if arguments.is_int(lookup("consumer-timeout")) else None,
     )
 
 
@@ -348,6 +354,54 @@ class QuorumQueue:
             raise replies.connection_error(
                 replies.NOT_IMPLEMENTED, f"{rs(self.name, self.vhost.name)} does not support global qos")
 
+    def consumer_timeout(self, consumer_arguments) -> int:
+        """How long a delivery may stay unacked (rabbit_queue_type:consume / dequeue, 4.x): the consumer
+        argument x-consumer-timeout, else the lower of the queue's argument and its policy's consumer-timeout,
+        else the broker's consumer_timeout; read when the consumer starts (or the basic.get is made)."""
+        value = (consumer_arguments or {}).get("x-consumer-timeout")
+        if arguments.is_int(value):
+            return value
+        if self.config.consumer_timeout is not None:
+            return self.config.consumer_timeout
+        return self.vhost.core.config.consumer_timeout
+
+    def timed_out(self, consumer, msgs: list, now: float) -> None:
+        """Deliveries past their deadline (rabbit_fifo's evaluate_consumer_timeout, 4.x), of `consumer` (None:
+        basic.get), taken out of the channel's unacked: back to the queue as returned, not failed. The
+        consumer is in its timeout (consumer.timed_out, kept by the channel): served nothing until the client
+        settles those tags. A single active consumer in its timeout holding nothing goes back to waiting and
+        the next waiting one takes over."""
+        if consumer is None:
+            self.get_holds -= len(msgs)
+        elif not consumer.unacked:
+            self.cancelled.discard(consumer)
+        if not self.deleted:
+            self._returned([_stored(m) for m in msgs], TIMEOUT, now)
+        if (consumer is not None and self.config.single_active and self.consumers
+                and self.consumers[0] is consumer and not consumer.unacked):
+            self.consumers.clear()
+            self.quiescing = False
+            self.waiting.append(consumer)
+            self._sort_waiting()
+            self._activate_next()
+        self._evaluate_limits()
+        self.vhost.core.wants_dispatch(self)
+
+    def untimeout(self, consumer, serve: bool) -> None:
+        """The client settled the last delivery tag `consumer` had timed out (4.x). By an ack or a discard it is
+        served again; by a return (rabbit_fifo's return command does not put it back in the service queue)
+        only after its next settlement. A waiting single active consumer may be activated again."""
+        if consumer in self.waiting:
+            self._activate_next()
+        else:
+            consumer.stalled = not serve
+        self.vhost.core.wants_dispatch(self)
+
+    @staticmethod
+    def _servable(consumer) -> bool:
+        """Not in its consumer timeout (4.x), nor waiting for a settlement after one."""
+        return not consumer.timed_out and not consumer.stalled
+
     @staticmethod
     def _priority(consumer) -> int:
         p = (consumer.arguments or {}).get("x-priority", 0)
@@ -374,24 +428,29 @@ class QuorumQueue:
     def _maybe_hand_over(self) -> None:
         """4.x: a waiting consumer of higher priority than the active one takes over once the active one
         holds nothing (until then the active one gets no more: it is quiescing)."""
-        if not (self.behaviour.quorum_sac_priority and self.consumers and self.waiting):
+        ready = [c for c in self.waiting if not c.timed_out]
+        if not (self.behaviour.quorum_sac_priority and self.consumers and ready):
             return
-        active, best = self.consumers[0], self.waiting[0]
+        active, best = self.consumers[0], ready[0]
         if self._priority(best) <= self._priority(active):
             return
         if active.unacked:
             self.quiescing = True
             return
         self.quiescing = False
-        self.waiting.pop(0)
+        self.waiting.remove(best)
         self.consumers[0] = best
         self.waiting.append(active)
         self._sort_waiting()
 
     def _activate_next(self) -> None:
-        if self.config.single_active and not self.consumers and self.waiting:
-            self.consumers.append(self.waiting.pop(0))
-            self.quiescing = False
+        """Single active consumer: with none active, the first waiting one not in its consumer timeout."""
+        if self.config.single_active and not self.consumers:
+            for i, c in enumerate(self.waiting):
+                if not c.timed_out:
+                    self.consumers.append(self.waiting.pop(i))
+                    self.quiescing = False
+                    break
         self.vhost.core.wants_dispatch(self)
 
     def remove_consumer(self, consumer) -> None:
@@ -411,7 +470,7 @@ class QuorumQueue:
 
     def _ready_consumer(self):
         for c in self._by_priority():
-            if c.can_take():
+            if c.can_take() and self._servable(c):
                 return c
         return None
 
@@ -433,7 +492,7 @@ class QuorumQueue:
             for c in self._by_priority():
                 if not self.ready:
                     break
-                if not c.can_take():
+                if not c.can_take() or c.timed_out or c.stalled:
                     continue
                 m = self._next(now)
                 if m is None:
@@ -449,7 +508,7 @@ class QuorumQueue:
         return bool(self.ready) and sent >= limits.DISPATCH_BURST
 
     def _deliver(self, consumer, m: Message, now: float) -> None:
-        consumer.channel.deliver(consumer, self, self._shown(m, get=False))
+        consumer.channel.deliver(consumer, self, self._shown(m, get=False), now)
 
     def _shown(self, m: Message, get: bool):
         """The delivery as the client sees it: 4.x sets redelivered after any return and adds
@@ -495,8 +554,10 @@ class QuorumQueue:
         for _m, consumer in entries:
             if consumer is None:
                 self.get_holds -= 1
-            elif not consumer.unacked:
-                self.cancelled.discard(consumer)
+            else:
+                consumer.stalled = False     # a settlement puts it back in rabbit_fifo's service queue
+                if not consumer.unacked:
+                    self.cancelled.discard(consumer)
         if outcome != ACK and not self.deleted:
             msgs = [_stored(m) for m, _c in entries]
             if outcome in RETURNED:

@@ -244,6 +244,10 @@ class StreamQueue:
             replies.NOT_IMPLEMENTED,
             f"basic.nack and basic.reject not supported by stream queues {rs(self.name, self.vhost.name)}")
 
+    def consumer_timeout(self, consumer_arguments) -> None:
+        """4.x never times out a stream's deliveries (3.10's channel does, whatever the queue)."""
+        return None
+
     def check_consume(self, channel, m) -> None:
         """basic.consume on a stream, refused in RabbitMQ's order: consumer arguments (x-stream-offset's
         value, other queue types' argument names), then no prefetch (406), no-ack (540), global qos (540),
@@ -495,12 +499,12 @@ class StreamQueue:
             reader = self.readers.get(consumer)
             if reader is None:
                 continue
-            sent = self._feed(consumer, reader, budget)
+            sent = self._feed(consumer, reader, budget, now)
             if sent >= budget:
                 more = True
         return more
 
-    def _feed(self, consumer, reader: Reader, budget: int) -> int:
+    def _feed(self, consumer, reader: Reader, budget: int, now: float) -> int:
         """Deliver whole chunks from the consumer's position while it has credit. As rabbit_stream_queue's
         stream_entries: once the credit is above zero the next chunk is read and every record in it from
         the consumer's start offset goes out, the credit going below zero if the chunk holds more (a
@@ -523,6 +527,6 @@ class StreamQueue:
             start = reader.start
             for rec in records:
                 if rec.offset >= start:
-                    deliver(consumer, self, rec)
+                    deliver(consumer, self, rec, now)
                     sent += 1
         return sent

@@ -130,6 +130,15 @@ class Behaviour:
     # A vhost's default queue type (4.x): a declare without x-queue-type gets it when the type allows the
     # declare's properties, else classic. 3.10 has none.
     vhost_default_queue_type: bool = True
+    # The consumer timeout (`consumer_timeout`). 3.10 (rabbit_channel:evaluate_consumer_timeout): at each
+    # tick of a channel (`channel_tick_interval`) whose oldest unacked delivery, of any queue type and
+    # basic.get's too, is older than the timeout the channel read when it opened, the channel is closed
+    # (406), which returns its deliveries; queue and consumer arguments play no part. 4.x (rabbit_fifo's
+    # evaluate_consumer_timeout): only quorum queue deliveries time out, each at its own deadline, from the
+    # consumer argument x-consumer-timeout, else the lower of the queue argument and the policy's
+    # consumer-timeout, else consumer_timeout; those that expire go back to the queue and the consumer is
+    # sent basic.cancel (the channel is closed when the client cannot take one, and for basic.get).
+    consumer_timeout_on_channel_tick: bool = False
 
 
 def _table(**by_type) -> MappingProxyType:
@@ -229,7 +238,7 @@ BEHAVIOURS = {
                       policy_apply_to_text="apply-to '{}' unrecognised; should be 'queues', 'exchanges' or 'all'",
                       operator_policy_wins=frozenset(), policy_unsupported=_UNSUPPORTED_310,
                       policy_negative_delivery_limit=False, quorum_expires_policy_wins=True,
-                      vhost_default_queue_type=False,
+                      vhost_default_queue_type=False, consumer_timeout_on_channel_tick=True,
                       frame_min_size=4096, refuse_with_amqp10_header=False,
                       access_texts_name_permission=False, passive_declare_needs_a_permission=False),
     "4.3": Behaviour(version="4.3", global_qos=False, max_message_size=16 * 2**20, queue_versions=(2,),

@@ -17,21 +17,23 @@ from spark_amqp_broker import Broker
 from targets import TARGETS, targets_fixture
 
 
-def _embedded(version: str):
-    with Broker(port=0, rabbitmq_version=version) as broker:
+def _embedded(request, version: str):
+    """A test module may set EMBEDDED_CONFIG, configuration keys (Broker keywords) for its embedded brokers."""
+    config = getattr(request.module, "EMBEDDED_CONFIG", {})
+    with Broker(port=0, rabbitmq_version=version, **config) as broker:
         yield broker
 
 
 @pytest.fixture(scope="module")
-def embedded_310():
+def embedded_310(request):
     """An embedded broker behaving as RabbitMQ 3.10, for this module's tests."""
-    yield from _embedded("3.10")
+    yield from _embedded(request, "3.10")
 
 
 @pytest.fixture(scope="module")
-def embedded_43():
+def embedded_43(request):
     """An embedded broker behaving as RabbitMQ 4.3, for this module's tests."""
-    yield from _embedded("4.3")
+    yield from _embedded(request, "4.3")
 
 
 broker_target = targets_fixture(TARGETS)   # each test four times (a module may assign its own)

@@ -23,8 +23,9 @@ Stable interface (other test files import these; do not rename):
 - ``amqp_sync(ch)``: the same for a py-amqp channel.
 - ``raw_socket(url, timeout=5.0)``: a plain TCP socket to the broker.
 - ``recv_until_closed(sock, timeout=5.0) -> bytes``: read until the peer closes (or fail on timeout).
-- ``raw_handshake(url, ...)``: drive a connection over a raw socket up to connection.open-ok with pamqp
-  and return a ``RawConnection`` (socket + frame reader) for protocol-level tests.
+- ``raw_handshake(url, ..., capabilities=None)``: drive a connection over a raw socket up to connection.open-ok
+  with pamqp and return a ``RawConnection`` (socket + frame reader: ``read_frame``, or ``poll_frame`` giving
+  ``TIMED_OUT`` rather than failing) for protocol-level tests.
 
 Polling with a deadline is ``waiting.wait_until`` (tests/waiting.py, shared by every suite).
 """
@@ -243,6 +244,9 @@ def recv_until_closed(sock: socket.socket, timeout: float = 5.0) -> bytes:
         data += chunk
 
 
+TIMED_OUT = "timed out"    # RawConnection.poll_frame: no whole frame in time
+
+
 class RawConnection:
     """A raw AMQP connection driven frame by frame with pamqp (for protocol-level tests)."""
 
@@ -260,9 +264,16 @@ class RawConnection:
 
     def read_frame(self, timeout: float = 5.0) -> tuple[int, Any] | None:
         """Next (channel, frame); None on EOF. Fails the test on timeout."""
+        got = self.poll_frame(timeout)
+        if got is TIMED_OUT:
+            pytest.fail(f"no frame within {timeout}s")
+        return got
+
+    def poll_frame(self, timeout: float) -> tuple[int, Any] | None | str:
+        """Next (channel, frame); None on EOF; TIMED_OUT when no whole frame arrived within `timeout`."""
         from pamqp import exceptions as pexc
         from pamqp import frame as pframe
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max(timeout, 0.0)
         while True:
             if self.buf:
                 try:
@@ -274,7 +285,7 @@ class RawConnection:
                     return channel, frame
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                pytest.fail(f"no frame within {timeout}s")
+                return TIMED_OUT
             self.sock.settimeout(remaining)
             try:
                 chunk = self.sock.recv(65536)
@@ -318,11 +329,13 @@ class RawConnection:
 
 
 def raw_handshake(url: str, heartbeat: int = 0, frame_max: int = 131072, channel_max: int = 2047,
-                  open_vhost: bool = True, timeout: float = 5.0) -> tuple[RawConnection, Any]:
+                  open_vhost: bool = True, timeout: float = 5.0,
+                  capabilities: dict | None = None) -> tuple[RawConnection, Any]:
     """Protocol header, start-ok (PLAIN), tune-ok with the given values, open (unless open_vhost=False).
 
     Returns (raw connection, the server's connection.tune frame). Tune-ok values are sent as given
     (the server's own proposal is not applied), so a caller can ask for heartbeat=1 and stay silent.
+    `capabilities`: the client capabilities announced in start-ok (none by default).
     """
     from pamqp import commands
 
@@ -333,7 +346,8 @@ def raw_handshake(url: str, heartbeat: int = 0, frame_max: int = 131072, channel
     ch, start = rc.read_method(timeout)
     assert isinstance(start, commands.Connection.Start), start
     rc.send(0, commands.Connection.StartOk(
-        client_properties={"product": "raw-test"}, mechanism="PLAIN",
+        client_properties={"product": "raw-test", **({"capabilities": capabilities} if capabilities else {})},
+        mechanism="PLAIN",
         response=f"\0{u.user}\0{u.password}", locale="en_US"))
     ch, tune = rc.read_method(timeout)
     assert isinstance(tune, commands.Connection.Tune), tune

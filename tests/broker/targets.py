@@ -27,12 +27,14 @@ TARGETS = [Target(kind, version) for version in VERSIONS for kind in ("embedded"
 TARGETS_43 = [t for t in TARGETS if t.version == "4.3"]     # for what RabbitMQ 3.10 does not have
 
 
-def targets_fixture(targets):
+def targets_fixture(targets, marks: dict | None = None):
     """A `broker_target` fixture over `targets`: which broker a test runs against; skips (fails under CI,
     SPARK_AMQP_REQUIRE_RABBITMQ=1) when that RabbitMQ node is down. conftest.py makes the one over TARGETS;
-    a module whose feature only 4.3 has assigns its own: `broker_target = targets_fixture(TARGETS_43)`."""
+    a module whose feature only 4.3 has assigns its own: `broker_target = targets_fixture(TARGETS_43)`.
+    `marks`: pytest marks for the tests of some targets ({Target: mark})."""
+    marks = marks or {}
 
-    @pytest.fixture(params=targets, ids=lambda t: t.id)
+    @pytest.fixture(params=[pytest.param(t, id=t.id, marks=marks.get(t, ())) for t in targets])
     def broker_target(request) -> Target:
         if request.param.kind == "rabbitmq":
             require_rabbitmq(request.param.version)
