@@ -42,6 +42,7 @@ DEFAULT_HEARTBEAT = 60       # seconds; RabbitMQ's server default
 DEFAULT_CONNECT_TIMEOUT = 10.0
 FRAME_MIN_SIZE = 4096        # spec 4.2.3: the smallest frame_max a peer may propose
 RECV_SIZE = 256 * 1024
+CLOSE_OK_WAIT = 1.0          # seconds the reader waits for the write lock to answer a broker's close
 
 CLIENT_CAPABILITIES = {
     "publisher_confirms": True,
@@ -358,8 +359,9 @@ class Connection:
             raise self._error.fresh() from None
 
     def _send_within(self, data: bytes, timeout: float) -> bool:
-        """For close(): a blocked broker (connection.blocked) stops reading our socket, so a plain
-        sendall, or the lock held by a publisher stuck in one, could wait forever. Bounded here."""
+        """For close() and the close-ok to a broker's close: a blocked broker (connection.blocked) or a slow
+        link stops taking our bytes, so a plain sendall, or the lock held by a publisher stuck in one,
+        could wait forever. Bounded here."""
         if not self._wlock.acquire(timeout=timeout):
             return False
         try:
@@ -494,10 +496,10 @@ class Connection:
     def _on_connection_method(self, method) -> None:
         if isinstance(method, commands.Connection.Close):
             log.warning("%s closed the connection: %s %s", self.uri, method.reply_code, method.reply_text)
-            try:
-                self._send(frames.method_frame(0, commands.Connection.CloseOk()))
-            except AMQPError:
-                pass
+            # Bounded: a publisher may hold the write lock in a sendall that a slow link or a broker no
+            # longer reading keeps blocked; waiting for it would keep every caller from hearing the close.
+            # Without our close-ok the broker drops the socket at its own closing timeout.
+            self._send_within(frames.method_frame(0, commands.Connection.CloseOk()), CLOSE_OK_WAIT)
             raise ConnectionClosedError(method.reply_code, method.reply_text, method.class_id,
                                         method.method_id)
         if isinstance(method, commands.Connection.CloseOk):

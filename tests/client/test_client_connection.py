@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from brokers import free_port
+from brokers import cut_connections, free_port
 from client_helpers import Blocked
 from proxies import Proxy
 from spark_amqp.client import (AuthenticationError, ChannelClosedError, ConnectError, Connection,
@@ -197,6 +197,50 @@ def test_socket_reset_wakes_blocked_calls(broker_url, unique_name):
         error, elapsed = get.join(10)
         assert isinstance(error, ConnectionLostError), error
         assert error.reply_code is None and elapsed < 2
+    finally:
+        proxy.kill()
+        conn.close(timeout=1)
+
+
+def close_from_the_broker(request, broker_kind: str, name: str) -> None:
+    """connection.close 320 CONNECTION_FORCED from the broker to the connection named `name`: the embedded
+    broker's `force_close`, or `rabbitmqctl close_connection` on RabbitMQ."""
+    if broker_kind == "embedded":
+        broker = request.getfixturevalue("amqp_broker")
+        closed = broker.call(lambda core: [c.force_close("closed by the client tests") for c in list(core.connections)
+                                           if (c.client_properties or {}).get("connection_name") == name],
+                             broker.core)
+        assert len(closed) == 1
+    else:
+        assert cut_connections(None, embedded=None, rabbitmq=lambda row: name in row["client_properties"],
+                               columns=["client_properties"], reason="closed by the client tests") == 1
+
+
+def test_a_broker_close_wakes_a_publisher_stuck_in_a_slow_send(request, broker_url, broker_kind, unique_name):
+    """The broker closes the connection while a publisher is blocked in a send that a slow link holds up:
+    the publisher hears the broker's 320 at once, not when its send ends (the reader answers close-ok only
+    if it can take the write lock within a second)."""
+    name = unique_name("slow-link")
+    proxy = Proxy.to(broker_url, rate=20_000)
+    conn = Connection.open(proxy.url_for(broker_url), client_properties={"connection_name": name})
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare(unique_name(), exclusive=True).name
+        chunk = [b"x" * 100_000] * 10
+
+        def publish_until_it_fails():
+            while True:
+                ch.publish_many("", q, chunk)
+
+        publishing = Blocked(publish_until_it_fails)
+        time.sleep(1.0)   # the socket buffers fill: the publisher now waits in sendall
+        assert publishing.elapsed is None, publishing.error
+        close_from_the_broker(request, broker_kind, name)
+        closed_at = time.monotonic()
+        error, _ = publishing.join(15)
+        assert isinstance(error, ConnectionClosedError) and error.reply_code == 320, error
+        assert "closed by the client tests" in str(error)
+        assert time.monotonic() - closed_at < 4
     finally:
         proxy.kill()
         conn.close(timeout=1)
