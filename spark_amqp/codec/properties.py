@@ -71,6 +71,29 @@ def header_item(raw: bytes, name: str) -> bytes | None:
     return None
 
 
+# The headers a broker adds to a message each time it delivers it (quorum queues: RabbitMQ 3.x x-delivery-count
+# from the first delivery on; 4.x x-delivery-count and x-acquired-count on a redelivery).
+DELIVERY_COUNT_HEADERS = frozenset({"x-delivery-count", "x-acquired-count"})
+_COUNT_NAMES = tuple(name.encode() for name in DELIVERY_COUNT_HEADERS)
+
+
+def without_delivery_counts(raw: bytes) -> bytes:
+    """Property bytes `raw` as the publisher sent them, as far as a broker delivering the message again
+    changes them: the `DELIVERY_COUNT_HEADERS` taken out of the headers table (brokers keep the other
+    entries' bytes and order), and a headers table left empty read as none (a copy whose only headers were
+    counts). `raw` itself when neither applies. Raises FieldError for a malformed table."""
+    at = headers_at(raw) if len(raw) >= 2 else None
+    if at is None:
+        return raw
+    end = at + 4 + _u32.unpack_from(raw, at)[0]
+    if end > at + 4 and not any(name in raw[at:end] for name in _COUNT_NAMES):
+        return raw
+    kept = [item for item in fields.table_items(raw[at:end]) if item[0] not in DELIVERY_COUNT_HEADERS]
+    if not kept:
+        return _u16.pack(_u16.unpack_from(raw, 0)[0] & ~FLAG["headers"]) + raw[2:at] + raw[end:]
+    return raw[:at] + fields.table_from_items(kept) + raw[end:]
+
+
 def split(raw: bytes) -> dict[str, bytes]:
     """{property: its encoded value, exactly as on the wire} for the properties present in `raw`."""
     if len(raw) < 2:

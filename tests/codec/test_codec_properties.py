@@ -413,3 +413,16 @@ def test_with_sorted_headers_is_the_table_as_rabbitmq_4_delivers_it():
     assert properties.with_sorted_headers(plain) is plain
     assert fields.sorted_items([("b", b"t\x01"), ("a", b"t\x00"), ("b", b"t\x00")]) == [("a", b"t\x00"),
                                                                                          ("b", b"t\x01")]
+
+
+def test_without_delivery_counts_reads_only_the_headers_table():
+    """The delivery counts go from the headers table (an emptied table reads as none); a property that only
+    holds their names, or a table without them, is left as it is."""
+    encode, without_delivery_counts = properties.encode, properties.without_delivery_counts
+    first = encode({"headers": {"a": 1}, "delivery_mode": 2})
+    copy = encode({"headers": {"a": 1, "x-delivery-count": 1, "x-acquired-count": 1}, "delivery_mode": 2})
+    assert without_delivery_counts(copy) == without_delivery_counts(first) == first
+    assert without_delivery_counts(encode({"headers": {"x-delivery-count": 0}, "delivery_mode": 2})) == \
+        without_delivery_counts(encode({"headers": {}, "delivery_mode": 2})) == encode({"delivery_mode": 2})
+    named = encode({"content_type": "x-delivery-count", "correlation_id": "x-acquired-count"})
+    assert without_delivery_counts(named) == named
