@@ -205,3 +205,12 @@ def serialize(batch: pa.RecordBatch) -> bytes:
 
 def deserialize(data: bytes) -> list[pa.RecordBatch]:
     return list(pa.ipc.open_stream(pa.py_buffer(data)))
+
+
+def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch of `batches` (same schema), in order: a batch filled part by part, or read back
+    from its parts' journal files. One batch is returned as it is."""
+    if len(batches) == 1:
+        return batches[0]
+    combined = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return combined[0] if combined else batches[0]

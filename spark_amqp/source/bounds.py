@@ -14,7 +14,9 @@ The rules:
   `maxBytesPerTrigger` (at least 1,000, at most the ceiling). It moves only when it is off by more than a
   factor of two: each move restarts the consumers.
 - A batch takes at most half the prefetch (while batch N waits for its commit, N+1's deliveries arrive),
-  at most the read limit, and at most `maxBytesPerTrigger` of bodies by the mean size so far.
+  at most the read limit, and at most `maxBytesPerTrigger` of bodies by the mean size so far. A batch that
+  fills part by part, each part acked as it arrives (`in_parts`: journalPath, availableNow), holds no more
+  than a part unacked, so the prefetch does not bound it: PARTS_BATCH of rows does.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ RABBITMQ_DEFAULT_PREFETCH = 40_000
 FIRST_PREFETCH = 2_000
 # The least prefetch a fitted one goes down to, and the least the maxMessagesPerTrigger rule gives.
 MIN_PREFETCH = 1_000
+# The most rows of a batch that fills part by part: the batch the default prefetch gives elsewhere.
+PARTS_BATCH = DEFAULT_PREFETCH // 2
 
 
 @dataclass(frozen=True)
@@ -62,14 +66,15 @@ def ceiling(options, rabbitmq: bool) -> int:
 
 
 def bounds(options, *, rabbitmq: bool, mean_size: float | None = None, current: int | None = None,
-           sized_start: bool = True, max_rows: int | None = None) -> Bounds:
+           sized_start: bool = True, max_rows: int | None = None, in_parts: bool = False) -> Bounds:
     """Driver. The prefetch per queue and the next batch's size.
 
     `options`: the parsed source options (`prefetch`, `maxMessagesPerTrigger`, `maxBytesPerTrigger`);
     `rabbitmq`: the broker said it is RabbitMQ; `mean_size`: the mean body size taken so far (None before
     the first delivery); `current`: the prefetch the consumers run with now (None before they start);
     `sized_start`: start at FIRST_PREFETCH until sizes are known (not for a reader whose first batch is the
-    whole run: PySpark 4.0/4.1 under availableNow); `max_rows`: the read limit of this batch, if any."""
+    whole run: PySpark 4.0/4.1 under availableNow); `max_rows`: the read limit of this batch, if any;
+    `in_parts`: the batch fills part by part, each part acked as it arrives."""
     top = ceiling(options, rabbitmq)
     batch_bytes = int(options.get("maxBytesPerTrigger") or 0) or None
     if options.get("prefetch"):
@@ -79,7 +84,7 @@ def bounds(options, *, rabbitmq: bool, mean_size: float | None = None, current: 
     else:
         fitted = max(MIN_PREFETCH, min(top, int(2 * batch_bytes // mean_size)))
         prefetch = current if current and current / 2 <= fitted <= current * 2 else fitted
-    batch = max(1, prefetch // 2)
+    batch = PARTS_BATCH if in_parts else max(1, prefetch // 2)
     if max_rows:
         batch = min(batch, int(max_rows))
     if mean_size and batch_bytes:

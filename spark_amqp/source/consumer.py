@@ -1,12 +1,13 @@
 """The driver's side of queue mode: one connection, manual-ack consumers on each queue (one channel per
 65,535 of prefetch, basic.qos's limit), batches of deliveries taken from them, and acks when Spark says a
-batch is committed.
+batch is committed (or, with a journal, once its rows are durable).
 
 Knows nothing of Spark. `take()` hands out deliveries already received (the consumers' prefetch keeps them
-flowing while Spark runs a batch); `ack_through(seq)` acks every batch numbered `seq` or lower with one
-`basic.ack(multiple)` per channel. A lost channel or connection is reopened with backoff on the next call;
-deliveries taken on a dead channel are never acked (their tags mean nothing on a new channel): the broker
-redelivers them, which is the at-least-once promise.
+flowing while Spark runs a batch), `take_more()` adds to a batch that fills part by part;
+`ack_through(seq)` acks every batch numbered `seq` or lower with one `basic.ack(multiple)` per channel,
+`ack_taken(seq)` the parts of a filling batch taken so far. A lost channel or connection is reopened with
+backoff on the next call; deliveries taken on a dead channel are never acked (their tags mean nothing on a
+new channel): the broker redelivers them, which is the at-least-once promise.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Part:
     last_tag: int
     body_bytes: int = 0           # the deliveries' bodies, as take() counted them
     keys: list | None = None      # the journal's keys of `deliveries` (journalPath), set by the reader
+    acked: bool = False           # its ack went out (`ack_taken` while its batch fills, or `ack_through`)
 
 
 @dataclass
@@ -134,7 +136,7 @@ class QueueConsumer:
         self.rabbitmq = False       # the broker said it is RabbitMQ (at the first connect)
         self.conn: Connection | None = None
         self.batches: dict[int, Batch] = {}
-        self._acks_unconfirmed: list = []   # journal: (seq, parts, failed channels, answers) per ack_through
+        self._acks_unconfirmed: list = []   # journal: (what, parts by batch, failed channels, answers) per ack
         self.consuming = False      # consumers started (connect() or the first take())
         self.taken: dict[str, int] = {}     # deliveries taken into batches so far, per queue
         self._ready: dict[str, tuple[int, int]] = {}   # per queue: (broker's ready count, received then)
@@ -184,12 +186,12 @@ class QueueConsumer:
         self._failures = 0
         self.generation += 1
 
-    def bounds(self, max_rows: int | None = None):
+    def bounds(self, max_rows: int | None = None, in_parts: bool = False):
         """Driver: `bounds.bounds()` for this consumer now (prefetch, channels per queue, the next batch's
         size), from the options, the broker and the mean size of what it has taken so far."""
         return bounds(self.options, rabbitmq=self.rabbitmq, mean_size=self._mean_size(),
                       current=self.prefetch if self.consuming else None,
-                      sized_start=self.sized_start, max_rows=max_rows)
+                      sized_start=self.sized_start, max_rows=max_rows, in_parts=in_parts)
 
     @property
     def batch_bytes(self) -> int:
@@ -319,17 +321,32 @@ class QueueConsumer:
         about maxBytesPerTrigger: the delivery that reaches it is the last; waits up to `wait` seconds for
         the first one). A batch of zero deliveries is still recorded."""
         batch = Batch(seq)
+        self._take_into(batch, max_count, wait)
+        self.batches[seq] = batch
+        self._fit_prefetch()
+        return batch
+
+    def take_more(self, seq: int, max_count: int, wait: float = 0.0) -> list[Part]:
+        """Add to batch `seq` (recorded by `take`) up to `max_count` more deliveries already received, within
+        what is left of maxBytesPerTrigger; returns the new parts. For a batch that fills part by part."""
+        batch = self.batches[seq]
+        before = len(batch.parts)
+        self._take_into(batch, max_count, wait)
+        self._fit_prefetch()
+        return batch.parts[before:]
+
+    def _take_into(self, batch: Batch, max_count: int, wait: float) -> None:
         self.start_consuming()
         if self.ensure_connected():
             remaining = max_count
-            bytes_left = self.batch_bytes
+            bytes_left = self.batch_bytes - batch.body_bytes()
             deadline = time.monotonic() + wait
             channels = [(q, ch) for q in self.queues for ch in q.channels]
             for q, ch in channels:
                 if remaining <= 0 or bytes_left <= 0:
                     break
                 try:
-                    timeout = max(0.0, deadline - time.monotonic()) if not batch.parts else 0.0
+                    timeout = max(0.0, deadline - time.monotonic()) if remaining == max_count else 0.0
                     got = ch.get_deliveries(remaining, timeout=timeout / len(channels), max_bytes=bytes_left)
                 except ConsumerCancelledError:
                     self._broker_cancelled(q, ch)
@@ -351,9 +368,6 @@ class QueueConsumer:
                     self.taken[q.name] = self.taken.get(q.name, 0) + len(got)
                     batch.parts.append(Part(q.name, ch, got, got[-1].delivery_tag, size))
                     remaining -= len(got)
-        self.batches[seq] = batch
-        self._fit_prefetch()
-        return batch
 
     def _drop_copies(self, queue: str, ch, got: list) -> list:
         """Journal: the redelivered copies of journaled messages are acked now, one by one (a multiple ack
@@ -409,10 +423,11 @@ class QueueConsumer:
         self._fit_prefetch()
         return True
 
-    def batch_size(self, max_rows: int | None = None) -> int:
-        """Driver: how many deliveries the next batch takes (half the prefetch, at most `max_rows` and
-        maxBytesPerTrigger by the mean body size so far: `bounds.bounds`)."""
-        return self.bounds(max_rows).batch
+    def batch_size(self, max_rows: int | None = None, in_parts: bool = False) -> int:
+        """Driver: how many deliveries the next batch takes (half the prefetch, or bounds.PARTS_BATCH for a
+        batch that fills part by part; at most `max_rows` and maxBytesPerTrigger by the mean body size so
+        far: `bounds.bounds`)."""
+        return self.bounds(max_rows, in_parts).batch
 
     def _fit_prefetch(self) -> None:
         """Driver, after each take, without the `prefetch` option: once message sizes are known, the
@@ -487,7 +502,7 @@ class QueueConsumer:
         (deliveries in planned batches and received ones) goes back to the queue as the channels are
         dropped. Recorded in `timeouts` for the reader to report (it decides whether the query fails)."""
         in_batches = sum(len(part.deliveries) for batch in self.batches.values() for part in batch.parts
-                         if part.queue == q.name and part.channel in q.channels)
+                         if part.queue == q.name and part.channel in q.channels and not part.acked)
         held = sum(ch.pending_deliveries for ch in q.channels)
         self.timeouts.append(ConsumerTimeout(q.name, cause, in_batches + held))
 
@@ -534,24 +549,42 @@ class QueueConsumer:
         q.channels = []
 
     def ack_through(self, seq: int) -> int:
-        """Ack every batch numbered <= seq (Spark committed them). Returns the number of messages acked.
-        With the journal, the round trip behind the acks (see `_acks_taken`) is sent here and its answer
-        taken by `confirm_acks`, at the next commit: by then the answer has come behind the deliveries the
-        broker sent meanwhile, which waiting for it here would have the driver parse first."""
+        """Ack every batch numbered <= seq (Spark committed them, or their journal files are durable), those
+        parts that `ack_taken` acked already aside. Returns the number of messages acked. With the journal,
+        the round trip behind the acks (see `_acks_taken`) is sent here and its answer taken by
+        `confirm_acks`, at the next commit: by then the answer has come behind the deliveries the broker sent
+        meanwhile, which waiting for it here would have the driver parse first."""
         done = sorted(s for s in self.batches if s <= seq)
         if not done:
             return 0
+        return self._ack({s: self.batches.pop(s) for s in done}, f"through batch {seq}", final=True)
+
+    def ack_taken(self, seq: int) -> int:
+        """Driver, journal only: ack the parts of batch `seq` taken so far and not acked yet, while the batch
+        goes on filling (each part's journal file is durable). Returns the number of messages acked."""
+        batch = self.batches.get(seq)
+        return self._ack({seq: batch}, f"in batch {seq}", final=False) if batch is not None else 0
+
+    def _ack(self, batches: dict, what: str, final: bool) -> int:
+        """Ack the parts of `batches` not acked yet, one `basic.ack(multiple)` per channel up to its highest
+        tag: every lower tag on the channel is in a batch acked already or in these parts (deliveries are
+        taken in order; redelivered copies are acked one by one as they are dropped). `final`: the batches
+        get no more parts (their journal counts may then be dropped whole: `confirm_acks`)."""
         highest: dict = {}
         queue_of: dict = {}
         count = 0
         live_parts = {}
-        for s in done:
-            batch = self.batches.pop(s)
-            live_parts[s] = (batch, [part for part in batch.parts if part.channel.is_open])
-            for part in live_parts[s][1]:
+        for s, batch in batches.items():
+            parts = [part for part in batch.parts if not part.acked]
+            live = [part for part in parts if part.channel.is_open]
+            # (batch, the parts acked here on live channels, whether these are all of its parts)
+            live_parts[s] = (batch, live, final and len(parts) == len(batch.parts))
+            for part in live:
                 highest[part.channel] = max(part.last_tag, highest.get(part.channel, 0))
                 queue_of[part.channel] = part.queue
-            count += batch.count
+            for part in parts:
+                part.acked = True
+                count += len(part.deliveries)
         failed = set()
         answers = {}
         for channel, tag in highest.items():
@@ -561,28 +594,29 @@ class QueueConsumer:
                     answers[channel] = channel.queue_declare_later(queue_of[channel])
             except AMQPError as exc:
                 failed.add(channel)
-                log.warning("AMQP source: could not ack through batch %s (%s); it will redeliver what it did "
-                            "not take", seq, exc)
+                log.warning("AMQP source: could not ack %s (%s); the broker will redeliver what it did not "
+                            "take", what, exc)
         if self.journal is not None:
-            self._acks_unconfirmed.append((seq, live_parts, failed, answers))
+            self._acks_unconfirmed.append((what, live_parts, failed, answers))
         return count
 
     def confirm_acks(self) -> None:
-        """Driver, journal only: take the answers to the round trips `ack_through` sent behind its acks and
-        tell the journal which batches' deliveries the broker took. A channel that closed before its
-        answer leaves its deliveries' keys expected: the broker redelivers what it did not take."""
-        for seq, live_parts, failed, answers in self._acks_unconfirmed:
+        """Driver, journal only: take the answers to the round trips `ack_through` and `ack_taken` sent
+        behind their acks and tell the journal which batches' deliveries the broker took. A channel that
+        closed before its answer leaves its deliveries' keys expected: the broker redelivers what it did not
+        take."""
+        for what, live_parts, failed, answers in self._acks_unconfirmed:
             for channel, answer in answers.items():
                 try:
                     answer.wait()
                 except AMQPError as exc:
                     failed.add(channel)
-                    log.warning("AMQP source: could not learn that the broker took the acks through batch %s "
-                                "(%s); it will redeliver what it did not take", seq, exc)
-            for s, (batch, live) in live_parts.items():
+                    log.warning("AMQP source: could not learn that the broker took the acks %s (%s); it will "
+                                "redeliver what it did not take", what, exc)
+            for s, (batch, live, all_parts) in live_parts.items():
                 acked = [part for part in live if part.channel not in failed]
                 self.journal.acked_batch(s, [part.keys for part in acked if part.keys],
-                                         whole=len(acked) == len(batch.parts))
+                                         whole=all_parts and len(acked) == len(batch.parts))
         self._acks_unconfirmed = []
 
     def ready_count(self) -> int:
@@ -612,8 +646,9 @@ class QueueConsumer:
         out = {}
         in_batches: dict[str, int] = {}
         for batch in self.batches.values():
-            for name, deliveries in batch.deliveries:
-                in_batches[name] = in_batches.get(name, 0) + len(deliveries)
+            for part in batch.parts:
+                if not part.acked:
+                    in_batches[part.queue] = in_batches.get(part.queue, 0) + len(part.deliveries)
         connected = self.conn is not None and self.conn.is_open
         for q in self.queues:
             held = sum(ch.pending_deliveries for ch in q.channels)

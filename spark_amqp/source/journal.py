@@ -4,16 +4,19 @@ Without it, a batch that Spark planned and did not commit before the driver died
 the broker redelivers: the same messages, perhaps in other batches, and the batch that did run may have
 written some of them already (at-least-once). With it:
 
-- before `latestOffset` returns a batch, its rows are written durably under `journalPath`, one Arrow IPC
-  file per batch, `batch-<seq>.arrow`; so every batch in Spark's offset log has its file;
+- before `latestOffset` returns a batch, its rows are written durably under `journalPath` as Arrow IPC
+  files, `batch-<seq>-<part>.arrow`: one part for a batch taken at once, several for an availableNow batch
+  that fills part by part (each part written as it arrives); so every batch in Spark's offset log has its
+  files. (A file named `batch-<seq>.arrow`, without a part, is read as the batch's only part.)
 - a batch re-planned after a restart is served from its file, row for row as the first attempt; so is
   a batch journaled by a run that died before Spark logged its offset: it becomes the next batch, for
   its messages' redelivered copies will be dropped;
 - the broker redelivers what the dead connection held unacked (`redelivered=true`); a redelivered message
   whose key is one a journaled batch still waits for is acked with the batch that takes it and not
   emitted again. The key is the queue and `message_id` when the message has one, else a fingerprint of
-  queue, exchange, routing key, property bytes and body; keys are counted (two equal messages are two);
-- a file is removed once its batch is committed and every one of its messages was acked on a live
+  queue, exchange, routing key, property bytes (without the delivery counts a quorum queue adds, which
+  differ between a message's deliveries) and body; keys are counted (two equal messages are two);
+- a batch's files are removed once it is committed and every one of its messages was acked on a live
   channel: its own delivery, or the redelivered copy that was dropped. An ack counts once the broker has
   answered a round trip behind it on its channel (`QueueConsumer._acks_taken`): an ack written to a broker
   killed a moment later raises nothing, and its message comes back after the restart. The answer behind a
@@ -32,6 +35,7 @@ import hashlib
 import logging
 import os
 import re
+import struct
 from collections import Counter
 
 import pyarrow as pa
@@ -43,13 +47,20 @@ from . import arrow_rows
 log = logging.getLogger("spark_amqp.source")
 
 KEY_COLUMN = "_journal_key"
-# `batch-<seq>.arrow` until its batch is committed; a file that outlives its commit (its messages' acks not
-# yet known to have gone out) is renamed `committed-<seq>.arrow`: kept for matching, never served again.
-_NAME = re.compile(r"^(batch|committed)-(\d{20})\.arrow$")
+# `batch-<seq>-<part>.arrow` until its batch is committed; a file that outlives its commit (its messages'
+# acks not yet known to have gone out) is renamed `committed-<seq>-<part>.arrow`: kept for matching, never
+# served again. Files without `-<part>` are a whole batch's single file.
+_NAME = re.compile(r"^(batch|committed)-(\d{20})(-\d{6})?\.arrow$")
 
 
 def _fingerprint_head(queue: str, exchange: str, routing_key: str, properties_raw: bytes) -> bytes:
-    """What a fingerprint hashes before the body: each part after its length (4 bytes, big-endian)."""
+    """What a fingerprint hashes before the body: each part after its length (4 bytes, big-endian). The
+    property bytes without the delivery counts a quorum queue adds to each delivery
+    (`properties.without_delivery_counts`): a redelivered copy's count differs from its first delivery's."""
+    try:
+        properties_raw = amqp_properties.without_delivery_counts(properties_raw)
+    except (ValueError, IndexError, struct.error):
+        pass     # a malformed table: the bytes as they came, for the original and its copies alike
     return b"".join(len(part).to_bytes(4, "big") + part
                     for part in (queue.encode(), exchange.encode(), routing_key.encode(), properties_raw))
 
@@ -115,24 +126,30 @@ class BatchJournal:
         self.adjusted: Counter = Counter()            # claims, releases and expiries
         self.generation: dict[int, int] = {}          # per journaled batch: the connection it came on
         self.committed = -1                           # the highest batch known committed
-        self.committed_files: set[int] = set()        # batches whose file is named committed-<seq>
+        self.committed_files: set[int] = set()        # batches whose files are named committed-<seq>-...
+        self.names: dict[int, list[str]] = {}         # per batch with files: their names, in part order
 
     # --- files -------------------------------------------------------------------------------------
 
-    def _file(self, seq: int) -> str:
-        kind = "committed" if seq in self.committed_files else "batch"
-        return f"{self.root.rstrip('/')}/{kind}-{seq:020d}.arrow"
+    def _path(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
 
     def seqs(self) -> list[int]:
-        """The batches with a file; those whose file says committed are noted in `committed_files`."""
+        """The batches with files (their names in `names`, in part order); those with a file that says
+        committed are noted in `committed_files`."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
-        found = [(m.group(1), int(m.group(2))) for i in infos if (m := _NAME.match(i.base_name))]
-        self.committed_files.update(seq for kind, seq in found if kind == "committed")
-        return sorted(seq for _, seq in found)
+        found = sorted((int(m.group(2)), m.group(3) or "", m.group(1), i.base_name)
+                       for i in infos if (m := _NAME.match(i.base_name)))
+        self.names = {}
+        for seq, _part, kind, name in found:
+            self.names.setdefault(seq, []).append(name)
+            if kind == "committed":
+                self.committed_files.add(seq)
+        return sorted(self.names)
 
     def load(self) -> int:
         """At the start of a run: every file left by an earlier run waits for its messages' redelivered
-        copies (its batch may be committed or not). Returns the number of files. A `.tmp` file is a batch
+        copies (its batch may be committed or not). Returns the number of batches. A `.tmp` file is a part
         whose writing a killed run never finished: its offset never reached Spark and its messages were
         never acked, so it is removed (they come again as deliveries, to be planned anew)."""
         for info in self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True)):
@@ -147,17 +164,21 @@ class BatchJournal:
                              self.path, info.base_name)
         seqs = self.seqs()
         for seq in seqs:
-            self._journaled(seq, self._read(seq).column(KEY_COLUMN).to_pylist(), generation=0)
+            for name in self.names[seq]:
+                self._journaled(seq, self._read(name).column(KEY_COLUMN).to_pylist(), generation=0)
         if seqs:
             log.info("AMQP source: journal %s holds %d batch(es) (%s..%s); their redelivered messages will "
                      "be dropped", self.path, len(seqs), seqs[0], seqs[-1])
         return len(seqs)
 
-    def record(self, seq: int, record_batch: pa.RecordBatch, keys: list[bytes], generation: int) -> None:
-        """Write batch `seq`, received on connection number `generation`, durably (before Spark records
-        its offset)."""
+    def record(self, seq: int, record_batch: pa.RecordBatch, keys: list[bytes], generation: int,
+               part: int = 0) -> None:
+        """Write part `part` of batch `seq` (the whole batch when it is taken at once), received on
+        connection number `generation`, durably (before Spark records the batch's offset; a part of a batch
+        filling part by part, before its deliveries are acked)."""
         table = record_batch.append_column(KEY_COLUMN, pa.array(keys, pa.binary()))
-        final = self._file(seq)
+        name = f"batch-{seq:020d}-{part:06d}.arrow"
+        final = self._path(name)
         tmp = final + ".tmp"
         if self.local:
             with open(tmp, "wb") as fh:
@@ -174,25 +195,27 @@ class BatchJournal:
             with self.fs.open_output_stream(tmp) as out:
                 arrow_rows.write(out, table)
             self.fs.move(tmp, final)
+        self.names.setdefault(seq, []).append(name)
         self._journaled(seq, keys, generation)
 
     def _journaled(self, seq: int, keys: list[bytes], generation: int) -> None:
-        """Batch `seq`'s keys, from connection `generation` (0: an earlier run's), now wait: for their own
-        deliveries' acks, or for their redelivered copies."""
-        self.own[seq] = Counter(keys)
-        self.found[seq] = Counter()
+        """Keys of batch `seq` (one more part of it), from connection `generation` (0: an earlier run's), now
+        wait: for their own deliveries' acks, or for their redelivered copies."""
+        self.own.setdefault(seq, Counter()).update(keys)
+        self.found.setdefault(seq, Counter())
         self.generation[seq] = generation
 
-    def _read(self, seq: int) -> pa.RecordBatch:
-        with self.fs.open_input_stream(self._file(seq)) as fh:
+    def _read(self, name: str) -> pa.RecordBatch:
+        with self.fs.open_input_stream(self._path(name)) as fh:
             batches = arrow_rows.deserialize(fh.read())
         return batches[0]
 
     def rows(self, seq: int) -> pa.RecordBatch | None:
-        """Batch `seq` as first planned, or None if it was never journaled, or is committed."""
+        """Batch `seq` as first planned (its parts in order), or None if it was never journaled, or is
+        committed."""
         if seq not in self.own or seq in self.committed_files:
             return None
-        batch = self._read(seq)
+        batch = arrow_rows.concat([self._read(name) for name in self.names[seq]])
         return batch.drop_columns([KEY_COLUMN])
 
     def uncommitted(self) -> list[int]:
@@ -277,7 +300,7 @@ class BatchJournal:
 
     def settle(self, committed: int) -> list[int]:
         """Batches through `committed` are in Spark's commit log: remove the files of those whose messages
-        were all acked live, and mark the others committed (a later run must not serve them as a batch).
+        were all acked live, and mark the others' files committed (a later run must not serve them as a batch).
         Returns the batches removed."""
         self.committed = max(self.committed, committed)
         self._clamp()
@@ -286,16 +309,23 @@ class BatchJournal:
             if seq > self.committed:
                 continue
             if not self._waiting(seq):
-                try:
-                    self.fs.delete_file(self._file(seq))
-                except FileNotFoundError:
-                    pass
+                for name in self.names.pop(seq, []):
+                    try:
+                        self.fs.delete_file(self._path(name))
+                    except FileNotFoundError:
+                        pass
                 self._forget(seq)
                 del self.generation[seq]
                 self.committed_files.discard(seq)
                 done.append(seq)
-            elif seq not in self.committed_files:
-                before = self._file(seq)
+            elif seq not in self.committed_files or any(n.startswith("batch-") for n in self.names.get(seq, [])):
+                committed = []
+                for name in self.names.get(seq, []):
+                    if name.startswith("batch-"):
+                        renamed = "committed-" + name[len("batch-"):]
+                        self.fs.move(self._path(name), self._path(renamed))
+                        name = renamed
+                    committed.append(name)
+                self.names[seq] = committed
                 self.committed_files.add(seq)
-                self.fs.move(before, self._file(seq))
         return done

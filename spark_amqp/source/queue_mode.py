@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -72,6 +73,15 @@ FILL_WAIT = 1.0
 # count is in, so the wait costs a drain nothing.
 AVAILABLE_NOW_FILL = 5.0
 AVAILABLE_NOW_IDLE = 0.5
+# With journalPath and acks at the journal write, an availableNow batch fills part by part: every
+# JOURNAL_PART deliveries are journaled and acked as they arrive, and the batch grows to bounds.PARTS_BATCH
+# rows rather than half the prefetch. RabbitMQ's queue process works harder for a consumer that stops with
+# its window full than for one that keeps acking (bench/ack_patterns.py, docs/performance.md: acks every
+# 2,000 as it reads 1.43x pika on 4.3, batches of 20,000 acked whole 1.06x).
+JOURNAL_PART = 5000
+# Seconds the prefill (`QueueStreamReader._prefill`) waits at most for a part's deliveries before it looks
+# whether it must stop: how long the next latestOffset may wait for it.
+PREFILL_POLL = 0.2
 # Seconds between two triggers from which the source stops its consumers after planning a batch and
 # starts them again at the next trigger (each batch then waits to fill, as an availableNow batch does):
 # deliveries that arrive between triggers far apart would otherwise wait unacked here for a whole interval
@@ -102,6 +112,12 @@ def consumer_timeout_report(events: list[ConsumerTimeout], journal: bool) -> str
         "timeout: consumer_timeout in rabbitmq.conf, or on RabbitMQ 4.x quorum queues the option "
         "consumerTimeout (or the queue argument x-consumer-timeout, or a policy's consumer-timeout). "
         "onConsumerTimeout=continue keeps the query running and reads those messages again.")
+
+
+def journal_part(consumer: QueueConsumer) -> int:
+    """Driver: the deliveries of one part of a batch that fills part by part: JOURNAL_PART, and no more than
+    half the prefetch (a full window sends nothing until its acks)."""
+    return max(1, min(JOURNAL_PART, consumer.prefetch // 2))
 
 
 def wait_to_fill(consumer: QueueConsumer, cap: int) -> None:
@@ -172,6 +188,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._journal: BatchJournal | None = None
         self._acks_sent_through = -1     # journal: the batches acked by the last _ack_through (answer due)
         self._built: dict = {}  # journalPath: record batches built (and journaled) by latestOffset
+        self._parts_built: dict = {}  # journalPath: per batch filling part by part, its parts' record batches
         self._handoff: HandoffDir | None = None   # handoffPath (or handoff=auto in local mode): files here
         self._probe: LocalModeProbe | None = None  # handoff=auto: asking whether the executors share our JVM
         # journalPath: ack each batch when its file is durable (ackAt=journal), not at its commit. The default
@@ -212,20 +229,16 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
 
     def _planned(self, batch: Batch) -> None:
         """Driver, in latestOffset, for a batch with rows, before its offset is returned to Spark: with
-        journalPath, its rows are written durably now (the file every later attempt is served from)."""
+        journalPath, its rows are written durably now (the file every later attempt is served from), unless
+        it filled part by part (`_fill_in_parts`: its parts are written and acked already)."""
         if self._journal is None:
             return
-        # The build is Python work on deliveries already taken, so the reader thread pauses (as in
-        # `_building`); the write and its fsync are not. In the read benchmark with --journal (1,000,000 x
-        # 100 B, embedded broker, alternating) `latestOffset` went from 5.5-5.6 to 4.8-4.9 s and the rate
-        # from 112,835-114,638 to 118,454-122,194 msg/s.
-        with self._consumer.reading_paused():
-            record_batch = arrow_rows.to_record_batch(batch.deliveries)
-            keys = batch_keys(record_batch, batch.deliveries)
-            at = 0
-            for part in batch.parts:
-                part.keys = keys[at:at + len(part.deliveries)]
-                at += len(part.deliveries)
+        parts = self._parts_built.pop(batch.seq, None)
+        if parts is not None:     # filled part by part: every part is journaled and acked already
+            self._built[batch.seq] = arrow_rows.concat(parts)
+            self._consumer.ack_through(batch.seq)
+            return
+        record_batch, keys = self._keyed_rows(batch.parts)
         self._journal.record(batch.seq, record_batch, keys, self._consumer.generation)
         self._built[batch.seq] = record_batch
         if self._acks_at_journal:
@@ -321,9 +334,38 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._session()
         return {"seq": 0}
 
-    def _batch_cap(self, max_rows: int | None) -> int:
-        """Driver: how many deliveries the next batch takes, at most `max_rows` (bounds.bounds)."""
-        return self._session().batch_size(max_rows)
+    def _batch_cap(self, max_rows: int | None, in_parts: bool = False) -> int:
+        """Driver: how many deliveries the next batch takes, at most `max_rows` (bounds.bounds; `in_parts`:
+        a batch that fills part by part)."""
+        return self._session().batch_size(max_rows, in_parts)
+
+    def _keyed_rows(self, parts: list):
+        """Driver, journalPath: the rows of `parts` (taken from the broker) as a record batch, and their
+        journal keys (also set on each part, for the journal's accounting of their acks). The build is
+        Python work on deliveries already taken, so the reader thread pauses (as in `_building`); the
+        journal's write and its fsync after it do not. In the read benchmark with --journal (1,000,000 x
+        100 B, embedded broker, alternating) `latestOffset` went from 5.5-5.6 to 4.8-4.9 s and the rate
+        from 112,835-114,638 to 118,454-122,194 msg/s."""
+        deliveries = [(p.queue, p.deliveries) for p in parts]
+        with self._consumer.reading_paused():
+            record_batch = arrow_rows.to_record_batch(deliveries)
+            keys = batch_keys(record_batch, deliveries)
+            at = 0
+            for part in parts:
+                part.keys = keys[at:at + len(part.deliveries)]
+                at += len(part.deliveries)
+        return record_batch, keys
+
+    def _journal_part(self, seq: int, parts: list) -> None:
+        """Driver, journalPath with acks at the journal write: `parts`, just added to batch `seq` as it
+        fills, are journaled as the batch's next file and acked at once; their bodies are let go (their rows
+        are in the file and in the record batch kept for the batch)."""
+        record_batch, keys = self._keyed_rows(parts)
+        built = self._parts_built.setdefault(seq, [])
+        self._journal.record(seq, record_batch, keys, self._consumer.generation, part=len(built))
+        built.append(record_batch)
+        self._consumer.ack_taken(seq)
+        let_go_bodies([(p.queue, p.deliveries) for p in parts])
 
     def reportLatestOffset(self) -> dict | None:
         """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
@@ -602,6 +644,11 @@ if ADMISSION_CONTROL:
             self._available_now_left: int | None = None
             self._copies_counted = 0       # consumer.copies_dropped already taken off _available_now_left
             self._barrier_done = False
+            # The prefill: while Spark runs a batch, a thread fills the next one (`_prefill`).
+            self._prefill_thread: threading.Thread | None = None   # (and no Event here: the reader is pickled)
+            self._prefill_stop: threading.Event | None = None
+            self._prefill_error: BaseException | None = None
+            self._prefilled: int | None = None     # the batch the prefill took parts into, not yet planned
 
         def getDefaultReadLimit(self):
             """Driver. `maxMessagesPerTrigger` bounds each batch."""
@@ -620,6 +667,7 @@ if ADMISSION_CONTROL:
         def latestOffset(self, start: dict, limit) -> dict:
             """Driver, every trigger. Acks through `start` (committed), then plans the next batch from what
             has arrived; returns `start` when there is nothing new."""
+            self._stop_prefill()
             self._trigger_starts()
             end = self._latest_offset(start, limit)
             self._idle = end == start
@@ -631,13 +679,14 @@ if ADMISSION_CONTROL:
             consumer = self._session()
             seq = int(start["seq"])
             self._ack_through(seq)
-            if seq + 1 in consumer.batches or seq + 1 in self._built:
-                # Asked again from the same start before that batch ran: the same batch, not a second one
-                # (a second would strand the first one's deliveries unacked until the connection closes).
-                return {"seq": seq + 1}
-            if self._journal is not None and self._from_journal(seq + 1) is not None:
-                # Journaled by a run that died before Spark logged its offset: that batch is this one.
-                return {"seq": seq + 1}
+            if self._prefilled != seq + 1:      # (the prefill's parts of batch seq + 1: it goes on filling)
+                if seq + 1 in consumer.batches or seq + 1 in self._built:
+                    # Asked again from the same start before that batch ran: the same batch, not a second one
+                    # (a second would strand the first one's deliveries unacked until the connection closes).
+                    return {"seq": seq + 1}
+                if self._journal is not None and self._from_journal(seq + 1) is not None:
+                    # Journaled by a run that died before Spark logged its offset: that batch is this one.
+                    return {"seq": seq + 1}
             cap = self._batch_cap(max_rows(limit))
             if self._available_now_left is not None:
                 if self._available_now_left <= 0:
@@ -667,24 +716,142 @@ if ADMISSION_CONTROL:
             """Under availableNow the count taken at the start is a ceiling, not a promise (it can count a
             message twice while it moves from the queue to our buffer): the run is drained once nothing
             arrives and the broker reports the queues empty, or nothing arrived for AVAILABLE_NOW_WAIT. The
-            run's first batch is sized by its first deliveries (`QueueConsumer.fit_prefetch_to_pending`)."""
+            run's first batch is sized by its first deliveries (`QueueConsumer.fit_prefetch_to_pending`).
+            With journalPath and acks at the journal write the batch fills part by part (`_fill_in_parts`)."""
+            if self._prefilled == seq:     # its first parts are journaled and acked already
+                self._prefilled = None
+                batch = consumer.batches[seq]
+                cap = min(self._batch_cap(limit_rows, True), self._available_now_left)
+                self._fill_in_parts(consumer, batch, cap, first_journaled=True)
+                return batch
             consumer.start_consuming()
-            if consumer.wait_pending(1, FILL_WAIT) and consumer.fit_prefetch_to_pending():
-                cap = min(self._batch_cap(limit_rows), self._available_now_left)
-            wait_to_fill(consumer, cap)
+            in_parts = self._acks_at_journal
+            fitted = consumer.wait_pending(1, FILL_WAIT) and consumer.fit_prefetch_to_pending()
+            if fitted or in_parts:
+                cap = min(self._batch_cap(limit_rows, in_parts), self._available_now_left)
+            first = min(cap, journal_part(consumer)) if in_parts else cap
+            wait_to_fill(consumer, first)
             deadline = time.monotonic() + AVAILABLE_NOW_WAIT
             while True:
-                batch = consumer.take(seq, cap, wait=0.2)
+                batch = consumer.take(seq, first, wait=0.2)
                 if batch.count or time.monotonic() > deadline:
-                    return batch
+                    break
                 if consumer.ready_count() == 0:
                     # Empty queues; what the broker already sent is on its way: one last look.
-                    return consumer.take(seq, cap, wait=IN_FLIGHT_WAIT)
+                    batch = consumer.take(seq, first, wait=IN_FLIGHT_WAIT)
+                    break
+            if in_parts and batch.count:
+                self._fill_in_parts(consumer, batch, cap)
+            return batch
+
+        def _fill_in_parts(self, consumer: QueueConsumer, batch, cap: int, first_journaled: bool = False) -> None:
+            """Driver, availableNow with journalPath and acks at the journal write: batch `batch` (its first
+            part taken) goes on filling JOURNAL_PART deliveries at a time, each part journaled and acked as
+            it comes (`_journal_part`), until it holds `cap`, or for AVAILABLE_NOW_FILL seconds while
+            deliveries keep arriving up to AVAILABLE_NOW_IDLE apart. The consumers never stop with their
+            window full, which is what slows RabbitMQ's queue process, and the batch is not bounded by the
+            prefetch. A run killed part way leaves the parts journaled so far: the next run serves them as
+            this batch, and drops their messages' redelivered copies. (`first_journaled`: the prefill took
+            and journaled its first parts.)"""
+            if not first_journaled:
+                self._journal_part(batch.seq, batch.parts)
+            deadline = time.monotonic() + AVAILABLE_NOW_FILL
+            part = journal_part(consumer)
+            while batch.count < cap and time.monotonic() < deadline:
+                want = min(part, cap - batch.count)
+                if not consumer.pending() and not consumer.wait_pending(1, AVAILABLE_NOW_IDLE):
+                    break
+                consumer.wait_pending(want, max(0.0, deadline - time.monotonic()), idle=AVAILABLE_NOW_IDLE)
+                parts = consumer.take_more(batch.seq, want)
+                if not parts:
+                    break
+                self._journal_part(batch.seq, parts)
 
         def partitions(self, start: dict, end: dict):
-            """Driver. The batch in (start, end] (one per planned offset) as Arrow partitions."""
-            return [part for seq in range(int(start["seq"]) + 1, int(end["seq"]) + 1)
-                    for part in self._batch_partitions(seq)]
+            """Driver. The batch in (start, end] (one per planned offset) as Arrow partitions; then, while
+            Spark runs it, the next batch starts filling (`_start_prefill`)."""
+            self._stop_prefill()
+            parts = [part for seq in range(int(start["seq"]) + 1, int(end["seq"]) + 1)
+                     for part in self._batch_partitions(seq)]
+            self._start_prefill(int(end["seq"]) + 1)
+            return parts
+
+        def commit(self, end: dict) -> None:
+            """Driver. As the base's, once the prefill has stopped (`_stop_prefill`)."""
+            self._stop_prefill()
+            super().commit(end)
+
+        def reportLatestOffset(self) -> dict | None:
+            """Driver. As the base's, once the prefill has stopped (`_stop_prefill`)."""
+            self._stop_prefill()
+            return super().reportLatestOffset()
+
+        def stop(self) -> None:
+            """Driver. As the base's, once the prefill has stopped; the query is stopping, so an error the
+            prefill had is not raised here (the parts it journaled are served by the next run)."""
+            with contextlib.suppress(Exception):
+                self._stop_prefill()
+            super().stop()
+
+        def _start_prefill(self, seq: int) -> None:
+            """Driver, as `partitions()` hands Spark a batch of an availableNow run with journalPath and acks
+            at the journal write: a thread fills batch `seq`, the next one, part by part (each part journaled
+            and acked, as `_fill_in_parts` does) while Spark runs this one, so that the consumers keep
+            flowing and the broker never waits on a full window between batches. It stops at the next call
+            Spark makes (`_stop_prefill`); latestOffset then goes on filling that batch."""
+            left = self._available_now_left
+            if (not self._acks_at_journal or not left or left <= 0 or self._consumer is None
+                    or self._prefilled is not None or seq in self._consumer.batches or seq in self._built
+                    or seq in self._journal.names):
+                return
+            cap = min(self._batch_cap(self.options.get("maxMessagesPerTrigger"), True), left)
+            self._prefill_stop = threading.Event()
+            self._prefill_thread = threading.Thread(target=self._prefill, args=(seq, cap), daemon=True,
+                                                    name="spark-amqp prefill")
+            self._prefill_thread.start()
+
+        def _prefill(self, seq: int, cap: int) -> None:
+            """Driver, the prefill's thread (`_start_prefill`): takes parts into batch `seq` until it holds
+            `cap` or `_stop_prefill` asks it to stop; an error is raised again by `_stop_prefill`."""
+            consumer = self._consumer
+            part = journal_part(consumer)
+            try:
+                while not self._prefill_stop.is_set():
+                    batch = consumer.batches.get(seq)
+                    have = batch.count if batch is not None else 0
+                    if have >= cap:
+                        return
+                    want = min(part, cap - have)
+                    if not consumer.wait_pending(want, PREFILL_POLL, idle=AVAILABLE_NOW_IDLE):
+                        continue
+                    if self._prefill_stop.is_set():
+                        return
+                    if batch is None:
+                        batch = consumer.take(seq, want)
+                        if not batch.count:
+                            consumer.batches.pop(seq, None)
+                            continue
+                        self._prefilled = seq
+                        self._journal_part(seq, batch.parts)
+                    else:
+                        parts = consumer.take_more(seq, want)
+                        if parts:
+                            self._journal_part(seq, parts)
+            except BaseException as exc:     # raised again in the thread Spark calls (_stop_prefill)
+                self._prefill_error = exc
+
+        def _stop_prefill(self) -> None:
+            """Driver, first in every call from Spark: the prefill's thread stops after the part it is on, so
+            that only one thread uses the consumer; its error, if it had one, is raised here."""
+            thread = self._prefill_thread
+            if thread is None:
+                return
+            self._prefill_stop.set()
+            thread.join()
+            self._prefill_thread = None
+            error, self._prefill_error = self._prefill_error, None
+            if error is not None:
+                raise error
 
         def _replayed(self, count: int) -> None:
             if self._available_now_left is not None:

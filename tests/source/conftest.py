@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from brokers import RABBITMQ_KINDS
+from brokers import CONNECTOR_BROKERS, RABBITMQ_KINDS, url_of_broker
 from source_helpers import SECRET, Env
+
+
+@pytest.fixture(params=CONNECTOR_BROKERS)
+def broker_url(request) -> str:
+    """The connector's tests run against the embedded broker and RabbitMQ 4.3 (brokers.CONNECTOR_BROKERS)."""
+    return url_of_broker(request)
 
 
 @pytest.fixture

@@ -146,3 +146,58 @@ def test_available_now_leaves_nothing_unacked_and_a_second_run_reads_no_duplicat
     # (On PySpark 4.0/4.1 a run's consumer receives more than its one batch; what it did not take comes
     # back to the next run with redelivered=true, though no run had read it.)
     assert env.state(q) == (0, 0)
+
+
+@pytest.mark.skipif(not ADMISSION_CONTROL, reason="needs PySpark >= 4.2: acks at the journal write and "
+                                                  "availableNow in batches")
+@pytest.mark.parametrize("broker_url", ["embedded", "rabbitmq4"], indirect=True)
+def test_with_a_journal_an_available_now_batch_fills_in_parts_past_the_prefetch(spark, env, tmp_path):
+    """availableNow with journalPath: a batch fills part by part, each part journaled and acked as it comes,
+    so a batch is not bounded by the prefetch (the most the broker lets this consumer hold unacked): with
+    prefetch 1,000 a batch takes far more than 1,000 rows, every message is read once, nothing stays
+    unacked, and the committed batches' journal files are gone."""
+    total = 12_000
+    q = env.queue("parts")
+    env.publish_bulk(q, [f"p{i}".encode() for i in range(total)])
+    sink = Collector()
+    journal = tmp_path / "journal"
+    run_available_now(lambda: stream(spark, env.url, q, prefetch=1000, journalPath=str(journal))
+                      .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path))
+                      .trigger(availableNow=True).start())
+    assert sorted(sink.bodies()) == sorted(f"p{i}".encode() for i in range(total))
+    sizes = [len(rows) for rows in sink.batches.values() if rows]
+    assert max(sizes) > 2 * 1000, f"batch sizes {sizes}: a batch held no more than the prefetch allows"
+    env.wait_state(q, (0, 0), timeout=10)
+    left = sorted(p.name for p in journal.iterdir())
+    assert all(name.startswith(("batch-", "committed-")) for name in left), left
+    assert len({name.split("-")[1] for name in left}) <= 1, f"files of committed batches left: {left}"
+
+
+@pytest.mark.skipif(not ADMISSION_CONTROL, reason="needs PySpark >= 4.2: acks at the journal write and "
+                                                  "availableNow in batches")
+@pytest.mark.parametrize("broker_url", ["embedded", "rabbitmq4"], indirect=True)
+def test_with_a_journal_the_next_batch_fills_while_spark_runs_one(spark, env, tmp_path):
+    """availableNow with journalPath: while Spark runs batch N, the source goes on taking, journaling and
+    acking the deliveries of batch N + 1 (the prefill): 3 s into the first batch the broker holds (ready and
+    unacked) far less than the messages after that batch; a consumer that waited for the next trigger would
+    have taken at most its prefetch (1,000 here), still counted as unacked. Every message is read once, in
+    batches of maxMessagesPerTrigger, and nothing stays unacked."""
+    total, per_batch = 40_000, 10_000
+    q = env.queue("prefill")
+    env.publish_bulk(q, [f"p{i}".encode() for i in range(total)])
+
+    def probe(batch_id, rows):     # what the broker holds 3 s into batch N
+        time.sleep(3)
+        return sum(env.state(q))
+
+    sink = Collector(probe)
+    run_available_now(lambda: stream(spark, env.url, q, prefetch=1000, maxMessagesPerTrigger=per_batch,
+                                     journalPath=str(tmp_path / "journal"))
+                      .writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint(tmp_path))
+                      .trigger(availableNow=True).start())
+    assert sorted(sink.bodies()) == sorted(f"p{i}".encode() for i in range(total))
+    sizes = [len(rows) for rows in sink.batches.values() if rows]
+    assert sizes == [per_batch] * (total // per_batch), sizes
+    held = sink.probes[min(sink.batches)]
+    assert held < total - per_batch - 5 * 1000, f"3 s into the first batch the broker held {held} messages"
+    env.wait_state(q, (0, 0), timeout=10)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pika
+import pytest
 
 
 def _read(spark, url, queue, **options):
@@ -102,6 +103,7 @@ DISCOVERY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.own_spark
 def test_format_amqp_by_discovery_and_by_register_in_a_fresh_process(amqp_broker, tmp_path):
     """A fresh driver process, so nothing registered the source before format("amqp") is used."""
     with pika.BlockingConnection(pika.URLParameters(amqp_broker.url)) as conn:

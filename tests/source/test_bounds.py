@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from spark_amqp.options import parse
-from spark_amqp.source.bounds import (DEFAULT_PREFETCH, FIRST_PREFETCH, MIN_PREFETCH, PREFETCH_MAX,
+from spark_amqp.source.bounds import (DEFAULT_PREFETCH, FIRST_PREFETCH, MIN_PREFETCH, PARTS_BATCH, PREFETCH_MAX,
                                       RABBITMQ_DEFAULT_PREFETCH, bounds)
 
 KB = 1024
@@ -67,3 +67,18 @@ def test_a_batch_takes_half_the_prefetch_the_read_limit_and_max_bytes_at_most():
     assert bounds(o, rabbitmq=False, mean_size=KB, current=1000).batch == 97
     assert bounds(o, rabbitmq=False, mean_size=KB, current=1000, max_rows=10).batch == 10
     assert bounds(opts(prefetch=1), rabbitmq=False).batch == 1
+
+
+@pytest.mark.parametrize("given, mean, max_rows, batch", [
+    ({}, 100, None, PARTS_BATCH),                                # not half of RabbitMQ's 40,000
+    ({"maxBytesPerTrigger": 1 * MiB}, 100, None, 1 * MiB // 100),  # the bytes still bound it
+    ({}, 100, 30_000, 30_000),                                   # and the read limit
+    ({"prefetch": 1000}, None, None, PARTS_BATCH),               # and not a small prefetch either
+])
+def test_a_batch_filling_in_parts_is_not_bounded_by_the_prefetch(given, mean, max_rows, batch):
+    """Each part of such a batch is acked as it arrives: the prefetch bounds what is unacked, not the batch."""
+    b = bounds(opts(**given), rabbitmq=True, mean_size=mean, current=RABBITMQ_DEFAULT_PREFETCH, max_rows=max_rows,
+               in_parts=True)
+    assert b.batch == batch
+    assert bounds(opts(**given), rabbitmq=True, mean_size=mean, current=RABBITMQ_DEFAULT_PREFETCH,
+                  max_rows=max_rows).batch <= min(batch, b.prefetch // 2)

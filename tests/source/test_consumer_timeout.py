@@ -3,9 +3,9 @@ deliveries the source holds unacked, and the source must never read them again s
 
 The brokers: RabbitMQ 3.10 (the session's second 3.10 node, `rabbitmq_tls`, reached on its plain listener,
 with `consumer_timeout` and `channel_tick_interval` set at run time and restored: the shared node's would
-reach every other test's channels), where the timeout closes the channel (406); RabbitMQ 4.3, where only
-quorum queues time out (here by the queue argument `x-consumer-timeout`) and the broker cancels the
-consumer. A publisher adds 20 messages/s throughout, as in production; the trigger is 7 s, the timeout 3 s.
+reach every other test's channels), where the timeout closes the channel (406); RabbitMQ 4.3 and the
+embedded broker (as 4.3, its default), where only quorum queues time out (here by the queue argument
+`x-consumer-timeout`) and the broker cancels the consumer. A publisher adds 20 messages/s throughout, as in production; the trigger is 7 s, the timeout 3 s.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ TIMEOUT_MS = 3000
 TRIGGER = "7 seconds"
 
 
-@pytest.fixture(params=["rabbitmq", "rabbitmq4"])
+@pytest.fixture(params=["embedded", "rabbitmq", "rabbitmq4"])
 def timing_out(request, unique_name):
     """(Env, queue) on a broker whose consumer timeout is TIMEOUT_MS for that queue."""
     if request.param == "rabbitmq":
         node = request.getfixturevalue("rabbitmq_tls")
-        env = Env(f"amqp://guest:guest@127.0.0.1:{node.tcp_port}/%2F", "rabbitmq", None, unique_name)
+        env = Env(node.tcp_url, "rabbitmq", None, unique_name)
         node.ctl("eval", f"application:set_env(rabbit, consumer_timeout, {TIMEOUT_MS}).")
         node.ctl("eval", "application:set_env(rabbit, channel_tick_interval, 1000).")
         try:
@@ -40,7 +40,11 @@ def timing_out(request, unique_name):
             node.ctl("eval", "application:set_env(rabbit, channel_tick_interval, 60000).")
             env.cleanup()
     else:
-        env = Env(require_rabbitmq("4.3"), "rabbitmq4", None, unique_name, version="4.3")
+        if request.param == "embedded":
+            broker = request.getfixturevalue("amqp_broker")
+            env = Env(broker.url, "embedded", broker, unique_name)
+        else:
+            env = Env(require_rabbitmq("4.3"), "rabbitmq4", None, unique_name, version="4.3")
         try:
             yield env, env.quorum_queue("timeout", **{"x-consumer-timeout": TIMEOUT_MS})
         finally:

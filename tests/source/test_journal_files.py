@@ -31,7 +31,7 @@ def test_a_batch_file_a_killed_run_left_unfinished_is_removed_at_load(tmp_path):
     assert second.load() == 1
     assert second.uncommitted() == [7]
     assert second.rows(7).column("body").to_pylist() == [b"m0", b"m1", b"m2"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"batch-{7:020d}.arrow", "notes.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"batch-{7:020d}-000000.arrow", "notes.tmp"]
 
 
 @pytest.fixture
@@ -130,3 +130,64 @@ def test_copies_acked_together_count_for_each_batch_that_holds_their_key(journal
     assert [journal.claim("q", _copy("a")) for _ in range(3)] == [a, a, None]
     journal.acked_copies([a, a])
     assert journal.settle(1) == [0, 1]
+
+
+def _rows_from(start: int, n: int) -> pa.RecordBatch:
+    rows = _rows(start + n)
+    return rows.slice(start, n)
+
+
+def test_a_batch_written_in_parts_is_served_whole_and_its_files_go_together(tmp_path):
+    """An availableNow batch fills part by part, each part journaled as it arrives: a later run serves the
+    parts in order as one batch, matches the copies of any part, and removes every part at once."""
+    a, b, c = _key("a"), _key("b"), _key("c")
+    first = BatchJournal(str(tmp_path))
+    first.load()
+    first.record(4, _rows_from(0, 2), [a, b], generation=1, part=0)
+    first.record(4, _rows_from(2, 1), [c], generation=1, part=1)
+    # Killed while writing the third part: its deliveries were never acked, so they come again as new ones.
+    (tmp_path / f"batch-{4:020d}-{2:06d}.arrow.tmp").write_bytes(b"half a part")
+
+    second = BatchJournal(str(tmp_path))
+    assert second.load() == 1
+    assert second.uncommitted() == [4]
+    assert second.rows(4).column("body").to_pylist() == [b"m0", b"m1", b"m2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"batch-{4:020d}-{0:06d}.arrow",
+                                                         f"batch-{4:020d}-{1:06d}.arrow"]
+    # The first part's acks reached the broker; the second part's copy comes back and is dropped.
+    second.acked_batch(4, [[a, b]], whole=False)
+    assert second.claim("q", _copy("c")) == c
+    assert second.settle(4) == []             # its copy's ack is not answered yet: both parts stay
+    assert _files(tmp_path) == ["committed", "committed"]
+    assert second.rows(4) is None
+    second.acked_copies([c])
+    assert second.settle(4) == [4]
+    assert _files(tmp_path) == []
+
+
+def test_a_file_named_without_a_part_is_read_as_the_whole_batch(tmp_path):
+    """A journal written before batches had parts: `batch-<seq>.arrow` is the batch's one file."""
+    first = BatchJournal(str(tmp_path))
+    first.load()
+    first.record(9, _rows(2), [_key("a"), _key("b")], generation=1)
+    (tmp_path / f"batch-{9:020d}-{0:06d}.arrow").rename(tmp_path / f"batch-{9:020d}.arrow")
+
+    second = BatchJournal(str(tmp_path))
+    assert second.load() == 1
+    assert second.rows(9).column("body").to_pylist() == [b"m0", b"m1"]
+    assert second.claim("q", _copy("b")) == _key("b")
+
+
+def test_a_batch_whose_files_were_half_renamed_committed_is_never_served(tmp_path):
+    """A run killed while it renamed a committed batch's parts: one part says committed, so the batch is."""
+    first = BatchJournal(str(tmp_path))
+    first.load()
+    first.record(3, _rows(1), [_key("a")], generation=1, part=0)
+    first.record(3, _rows(1), [_key("b")], generation=1, part=1)
+    (tmp_path / f"batch-{3:020d}-{0:06d}.arrow").rename(tmp_path / f"committed-{3:020d}-{0:06d}.arrow")
+
+    second = BatchJournal(str(tmp_path))
+    assert second.load() == 1
+    assert second.uncommitted() == [] and second.rows(3) is None
+    assert second.settle(3) == []             # still waiting for both copies: every part now says committed
+    assert _files(tmp_path) == ["committed", "committed"]

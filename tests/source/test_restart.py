@@ -59,6 +59,7 @@ def test_restart_after_stop_delivers_everything_at_least_once(spark, env, tmp_pa
 
 # RabbitMQ only: the embedded broker is killed under (and with) a journal in test_faults.py, whose driver
 # restarts cost as much as this test's.
+@pytest.mark.own_spark
 @pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
 def test_restart_after_killing_the_driver_delivers_everything_at_least_once(env, tmp_path):
     total = 60
