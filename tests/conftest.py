@@ -14,7 +14,8 @@ import uuid
 
 import pytest
 
-from brokers import RABBITMQ4_URL, RABBITMQ_KINDS, RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq
+from brokers import (ALL_BROKERS, RABBITMQ4_URL, RABBITMQ_KINDS, RABBITMQ_URL, REQUIRE_RABBITMQ, require_rabbitmq,
+                     url_of_broker)
 
 # Every JVM the tests start (the session's SparkSession, the drivers of the kill tests, the notebooks' kernels,
 # the demo, the Spark Connect server) compiles with C1 only. They live for seconds to minutes on small data,
@@ -27,18 +28,22 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 # Tests that must share one pytest-xdist worker: the ones that use the session's SparkSession (one per
 # process, and two on two cores only slow each other down) or the session's second RabbitMQ node (one node
-# name and port set per machine). Tests that start Spark drivers or servers of their own (the kill tests,
-# Spark Connect, a fresh process's discovery) go to whichever worker is free: the other worker's share
-# (the broker's differential tests, mostly waiting on sockets) ends minutes earlier.
+# name and port set per machine).
 ONE_WORKER_FIXTURES = {"spark", "rabbitmq_tls", "rabbitmq_external"}
 
 
 def pytest_itemcollected(item):
-    """Group the tests above on one worker (`--dist loadgroup`); the rest run on the other worker meanwhile.
+    """Group the tests above on one worker (`--dist loadgroup`), and the tests that start Spark drivers or
+    servers of their own (mark `own_spark`: the kill tests, Spark Connect, the notebooks, the demo, a fresh
+    process's discovery) on another, one at a time: beside the session's Spark, one more JVM at a time is
+    what two cores take. The third worker (pyproject's `-n 3`) runs the rest, the broker's differential
+    tests, which mostly wait on sockets and timers, and helps the second one once those are done.
     (xdist 3.8 reads the mark into the test id, which pytest 9.2 no longer lets it change: pyproject pins
     pytest below 9.2.)"""
     if ONE_WORKER_FIXTURES & set(item.fixturenames):
         item.add_marker(pytest.mark.xdist_group("spark"))
+    elif item.get_closest_marker("own_spark") is not None:
+        item.add_marker(pytest.mark.xdist_group("own-spark"))
 
 
 @pytest.fixture
@@ -85,16 +90,15 @@ def _rabbit_tls_node(external: bool):
     node.stop()
 
 
-@pytest.fixture(params=["embedded", *RABBITMQ_KINDS])
+@pytest.fixture(params=ALL_BROKERS)
 def broker_url(request) -> str:
     """Each test using this runs three times: against our embedded broker (as RabbitMQ 4.3, its default),
     RabbitMQ 3.10 and RabbitMQ 4.3.
 
-    Equal assertions on all is what makes a test differential.
+    Equal assertions on all is what makes a test differential. (The connector's tests narrow this to the
+    embedded broker and RabbitMQ 4.3: tests/source/conftest.py, tests/sink/conftest.py.)
     """
-    if request.param in RABBITMQ_KINDS:
-        return require_rabbitmq(RABBITMQ_KINDS[request.param])
-    return request.getfixturevalue("amqp_broker").url
+    return url_of_broker(request)
 
 
 @pytest.fixture

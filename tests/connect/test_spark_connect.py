@@ -11,6 +11,7 @@ import pytest
 JOB = Path(__file__).with_name("connect_job.py")
 
 
+@pytest.mark.own_spark
 def test_read_and_write_through_spark_connect_discovered_and_registered(tmp_path):
     pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (in the test extra)")
     proc = subprocess.run([sys.executable, str(JOB)], cwd=tmp_path, capture_output=True, text=True,

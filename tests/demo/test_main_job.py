@@ -3,7 +3,10 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.own_spark
 def test_demo_pipeline_delivers_every_event():
     proc = subprocess.run([sys.executable, "-m", "spark_amqp_demo", "--events", "600", "--rate", "0",
                            "--timeout", "240"],

@@ -29,6 +29,7 @@ def test_the_source_is_discovered_outside_the_repository(tmp_path):
     assert "pyspark_amqp" in proc.stdout, (proc.stdout, proc.stderr)
 
 
+@pytest.mark.own_spark
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_top_to_bottom(notebook):
     nb = nbformat.read(notebook, as_version=4)

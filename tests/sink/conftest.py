@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from brokers import RABBITMQ4_URL, require_rabbitmq4
+from brokers import CONNECTOR_BROKERS, RABBITMQ4_URL, require_rabbitmq4, url_of_broker
 from sink_helpers import Admin, SuperStreams
+
+
+@pytest.fixture(params=CONNECTOR_BROKERS)
+def broker_url(request) -> str:
+    """The connector's tests run against the embedded broker and RabbitMQ 4.3 (brokers.CONNECTOR_BROKERS)."""
+    return url_of_broker(request)
 
 
 @pytest.fixture

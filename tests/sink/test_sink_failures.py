@@ -115,7 +115,7 @@ def test_connection_cut_mid_batch_loses_no_confirmed_message(spark, broker_url, 
     queue = admin.queue(unique_name("cut"))
     src, chk = tmp_path / "in", tmp_path / "chk"
     src.mkdir()
-    per_file = 4000
+    per_file = 10_000
     for f in range(2):   # two files: two partitions, two tasks
         (src / f"{f}.csv").write_text("".join(f"{n}\n" for n in range(f * per_file, (f + 1) * per_file)))
 
@@ -128,7 +128,7 @@ def test_connection_cut_mid_batch_loses_no_confirmed_message(spark, broker_url, 
                 .option("messageId", "deterministic").option("checkpointLocation", str(chk))
                 .option("confirmTimeout", "20").trigger(availableNow=True).start())
 
-    link = Proxy.to(broker_url, rate=50_000)   # about 700 messages/s per connection: 4,000 take 6 s
+    link = Proxy.to(broker_url, rate=50_000)   # about 700 messages/s per connection: 10,000 take 15 s
     q = None
     try:
         q = start(link.url_for(broker_url))
@@ -140,7 +140,7 @@ def test_connection_cut_mid_batch_loses_no_confirmed_message(spark, broker_url, 
             broker = request.getfixturevalue("amqp_broker") if broker_kind == "embedded" else None
             assert cut_sink_connections(broker, q.id, node_version or "3.10") == 2
         with pytest.raises(Exception) as failed:   # StreamingQueryException
-            q.awaitTermination(30)
+            q.awaitTermination(60)
     finally:
         link.cut()
         if q is not None:

@@ -1,4 +1,4 @@
-"""Every property and every header field type through the sink, on both brokers.
+"""Every property and every header field type through the sink, on every broker (RabbitMQ 3.10 included).
 
 1. Rows with every property column and a header of every AMQP field type, written with
    `df.write.format("amqp")`, consumed with pika (values as pika decodes them) and with our client (the
@@ -16,6 +16,7 @@ import datetime
 import decimal
 
 import pika
+import pytest
 
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -24,6 +25,11 @@ from spark_amqp import properties
 from spark_amqp.client import Connection
 from spark_amqp.codec import properties as codec_properties
 from spark_amqp.schema import SCHEMA
+
+from brokers import ALL_BROKERS
+
+# 3.10 too: RabbitMQ 3.10 delivers the headers table as published, 4.x sorted by key.
+pytestmark = pytest.mark.parametrize("broker_url", ALL_BROKERS, indirect=True)
 
 
 def arrow_df(spark, rows: list[dict], schema):
