@@ -492,7 +492,7 @@ class QuorumQueue:
             for c in self._by_priority():
                 if not self.ready:
                     break
-                if not c.can_take() or c.timed_out or c.stalled:
+                if not (c.can_take() and self._servable(c)):
                     continue
                 m = self._next(now)
                 if m is None:
