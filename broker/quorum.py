@@ -518,13 +518,13 @@ class QuorumQueue:
         if b.quorum_acquired_count:
             if not m.acquired_count:
                 return m
-            counts = [("x-acquired-count", m.acquired_count)]
+            counts = [(properties.ACQUIRED_COUNT, m.acquired_count)]
             if m.delivery_count:
-                counts.append(("x-delivery-count", m.delivery_count))
+                counts.append((properties.DELIVERY_COUNT, m.delivery_count))
             return Shown(m, _with_counts(m.header, counts), True)
         if not m.delivery_count and not (get and b.quorum_get_always_counts):
             return m
-        return Shown(m, _with_counts(m.header, [("x-delivery-count", m.delivery_count)]), m.delivery_count > 0)
+        return Shown(m, _with_counts(m.header, [(properties.DELIVERY_COUNT, m.delivery_count)]), m.delivery_count > 0)
 
     # --- basic.get -------------------------------------------------------------------------------
 

@@ -73,7 +73,9 @@ def header_item(raw: bytes, name: str) -> bytes | None:
 
 # The headers a broker adds to a message each time it delivers it (quorum queues: RabbitMQ 3.x x-delivery-count
 # from the first delivery on; 4.x x-delivery-count and x-acquired-count on a redelivery).
-DELIVERY_COUNT_HEADERS = frozenset({"x-delivery-count", "x-acquired-count"})
+DELIVERY_COUNT = "x-delivery-count"
+ACQUIRED_COUNT = "x-acquired-count"
+DELIVERY_COUNT_HEADERS = frozenset({DELIVERY_COUNT, ACQUIRED_COUNT})
 _COUNT_NAMES = tuple(name.encode() for name in DELIVERY_COUNT_HEADERS)
 
 
