@@ -96,7 +96,7 @@ class Batch:
     @property
     def deliveries(self) -> list:
         """[(queue name, [Delivery, ...]), ...], rows in that order."""
-        return [(p.queue, p.deliveries) for p in self.parts]
+        return deliveries_by_queue(self.parts)
 
     def body_bytes(self) -> int:
         """The bodies' bytes in all, as taken (a handoff lets the bodies themselves go)."""
@@ -105,6 +105,11 @@ class Batch:
     @property
     def count(self) -> int:
         return sum(len(p.deliveries) for p in self.parts)
+
+
+def deliveries_by_queue(parts: list[Part]) -> list[tuple[str, list]]:
+    """[(queue name, [Delivery, ...]), ...] of `parts` (of a batch, or some of its parts), rows in that order."""
+    return [(p.queue, p.deliveries) for p in parts]
 
 
 def let_go_bodies(deliveries_by_queue: list[tuple[str, list]]) -> None:

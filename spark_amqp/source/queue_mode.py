@@ -34,7 +34,8 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from .. import gc_tuning
 from ..pyspark_versions import ADMISSION_CONTROL, SupportsTriggerAvailableNow, default_read_limit, max_rows
 from . import arrow_rows
-from .consumer import Batch, ConsumerTimeout, QueueConsumer, SourceError, let_go_bodies, put_back_bodies
+from .consumer import (Batch, ConsumerTimeout, QueueConsumer, SourceError, deliveries_by_queue, let_go_bodies,
+                       put_back_bodies)
 from .handoff import FilePartition, HandoffDir, LocalModeProbe, answer_probe, read_file
 from .journal import BatchJournal, batch_keys
 
@@ -346,7 +347,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         journal's write and its fsync after it do not. In the read benchmark with --journal (1,000,000 x
         100 B, embedded broker, alternating) `latestOffset` went from 5.5-5.6 to 4.8-4.9 s and the rate
         from 112,835-114,638 to 118,454-122,194 msg/s."""
-        deliveries = [(p.queue, p.deliveries) for p in parts]
+        deliveries = deliveries_by_queue(parts)
         with self._consumer.reading_paused():
             record_batch = arrow_rows.to_record_batch(deliveries)
             keys = batch_keys(record_batch, deliveries)
@@ -365,7 +366,7 @@ class _QueueStreamReaderBase(DataSourceStreamReader):
         self._journal.record(seq, record_batch, keys, self._consumer.generation, part=len(built))
         built.append(record_batch)
         self._consumer.ack_taken(seq)
-        let_go_bodies([(p.queue, p.deliveries) for p in parts])
+        let_go_bodies(deliveries_by_queue(parts))
 
     def reportLatestOffset(self) -> dict | None:
         """Driver, every trigger (PySpark >= 4.2): what the query's progress shows as this source's
